@@ -1,0 +1,56 @@
+# Two commands on a fresh machine: `make diagnose` and `make test`. Everything lives in .venv/.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+CKPT ?=
+ADAPTER ?=
+BASE ?=
+QUANT ?=
+GPUS ?=
+SETUP ?=
+PARAMS ?=
+DEVICE_MAP ?=
+MAX_MEMORY ?=
+REPORTS ?= reports
+
+DIAGNOSE_ARGS := $(CKPT) \
+	$(if $(ADAPTER),--adapter $(ADAPTER)) $(if $(BASE),--base $(BASE)) $(if $(QUANT),--quant $(QUANT)) \
+	$(if $(GPUS),--gpus $(GPUS)) $(if $(SETUP),--setup $(SETUP)) $(if $(PARAMS),--params $(PARAMS)) \
+	$(if $(DEVICE_MAP),--device-map $(DEVICE_MAP)) $(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY)) \
+	--reports-dir $(REPORTS)
+
+.PHONY: install diagnose census demo test lab notebooks clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . \
+		|| $(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)" >/dev/null
+	touch $(STAMP)
+
+diagnose: install
+	$(PY) -m workbench diagnose $(DIAGNOSE_ARGS)
+
+census: install
+	$(PY) -m workbench census $(CKPT)
+
+demo: install
+	$(PY) -m workbench demo
+
+test: install
+	$(PY) -m pytest -q
+
+lab: install
+	$(PY) -m jupyter lab --notebook-dir=notebooks
+
+notebooks: install
+	$(PY) tools/make_notebooks.py
+
+clean:
+	rm -rf .cache .pytest_cache reports/20*
+	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

@@ -1,0 +1,82 @@
+"""Writes the committed notebooks (no outputs). The notebooks are thin: parameters, calls, displays."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+PARAMETERS = '''checkpoint = ""       # checkpoint or adapter folder; empty: the bundled demo's stage-2 adapter
+adapter = ""          # a PEFT adapter to apply on checkpoint
+base = ""             # override the base recorded in adapter_config.json
+quant = "none"        # none | 4bit | 8bit
+gpus = 1              # GPUs the training process sees
+setup = "plain"       # plain | qlora | sft | module:function
+device_map = ""
+max_memory = ""
+dtype = "auto"
+params_json = "{}"    # contents of the --params file
+trust_remote_code = False
+findings_path = "findings.{name}.json"'''
+
+OPEN_TARGET = '''import workbench as wb
+
+wb.quiet_and_offline()
+if not checkpoint:
+    checkpoint, quant, setup, gpus = str(wb.build_demo().qwen_stage2), "4bit", "qlora", 2
+rec = wb.FindingsRecorder(findings_path, notebook="{name}")
+target = wb.resolve_target(checkpoint, adapter=adapter, base=base, quant=quant, gpus=gpus, setup=setup,
+                           device_map=device_map, max_memory=max_memory, dtype=dtype, params_json=params_json,
+                           trust_remote_code=trust_remote_code)
+target'''
+
+
+def notebook(name: str, title: str, checks: list[str], cells: list) -> nbformat.NotebookNode:
+    nb = new_notebook()
+    params = new_code_cell(PARAMETERS.replace("{name}", name))
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [new_markdown_cell(f"# {title}\n\nChecks: " + ", ".join(f"`{c}`" for c in checks)), params,
+                new_code_cell(OPEN_TARGET.replace("{name}", name)), *cells,
+                new_markdown_cell("## Findings"), new_code_cell("rec")]
+    nb.metadata["kernelspec"] = {"name": "workbench", "display_name": "Python (workbench)", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.metadata["workbench"] = {"checks": checks}
+    return nb
+
+
+NOTEBOOKS = {
+    "01_dtype_distribution": notebook(
+        "01_dtype_distribution", "01 · Dtype distribution",
+        ["checkpoint.integrity", "dtype.census", "dtype.quantized_census", "dtype.fp32_islands"],
+        [
+            new_markdown_cell("## Checkpoint files and their census from the safetensors headers\n"
+                              "No weight is loaded: dtypes, shapes and bytes per component come from the headers."),
+            new_code_cell("static = rec.run(wb.checkpoint_report, target)\nstatic"),
+            new_markdown_cell("## The model as the set-up prepares it\n"
+                              "Parameters **and** buffers, per component found from the model's structure."),
+            new_code_cell("prepared = rec.run(wb.prepare_model, target)\n"
+                          "census = rec.run(wb.loaded_census_report, prepared, target, static or None)\n"
+                          "display(prepared)\ncensus"),
+            new_markdown_cell("## Under 4-bit and 8-bit\nPredicted on the meta device by transformers' own "
+                              "bitsandbytes quantizer; verified by a real load when the checkpoint is small."),
+            new_code_cell("quantized = rec.run(wb.quantized_census_report, target, census or None, static or None,\n"
+                          "    real_max_bytes=target.params.get('real_quant_max_bytes', 2 * 1024**3),\n"
+                          "    compare=target.params.get('compare', []))\nquantized"),
+            new_markdown_cell("## fp32 islands\nFloating tensors whose dtype differs from the compute dtype, "
+                              "frozen modules and buffers first; intentional ones are marked."),
+            new_code_cell("islands = rec.run(wb.fp32_island_report, prepared, target)\nislands"),
+        ]),
+}
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, nb in NOTEBOOKS.items():
+        nbformat.validate(nb)
+        nbformat.write(nb, out / f"{name}.ipynb")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "notebooks")

@@ -1,0 +1,49 @@
+"""Diagnostic workbench for fine-tuning Hugging Face models: loaders, probes, findings, reports.
+
+The curated surface below is what notebooks and the README use.
+"""
+
+from workbench.census import DtypeCensus, dtype_census, predicted_quantized_census
+from workbench.checkpoint import inspect_checkpoint, static_census
+from workbench.components import ComponentClassifier
+from workbench.demo import build_demo
+from workbench.dtype_report import (checkpoint_report, fp32_island_report, loaded_census_report,
+                                    quantized_census_report)
+from workbench.errors import UsageError
+from workbench.findings import Finding
+from workbench.inputs import load_vlm_parts, vlm_inputs
+from workbench.islands import fp32_islands
+from workbench.params import load_params
+from workbench.recorder import Failed, FindingsRecorder
+from workbench.runtime import quiet_and_offline
+from workbench.safetensors_header import read_header
+from workbench.setups import PreparedModel, prepare_model
+from workbench.target import Target, resolve_target
+
+__all__ = [
+    "ComponentClassifier",
+    "DtypeCensus",
+    "Failed",
+    "Finding",
+    "FindingsRecorder",
+    "PreparedModel",
+    "Target",
+    "UsageError",
+    "build_demo",
+    "checkpoint_report",
+    "dtype_census",
+    "fp32_island_report",
+    "fp32_islands",
+    "inspect_checkpoint",
+    "load_params",
+    "load_vlm_parts",
+    "loaded_census_report",
+    "predicted_quantized_census",
+    "prepare_model",
+    "quantized_census_report",
+    "quiet_and_offline",
+    "read_header",
+    "resolve_target",
+    "static_census",
+    "vlm_inputs",
+]

@@ -1,0 +1,118 @@
+"""`python -m workbench diagnose|census|demo`: bad input gets one line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from workbench.errors import UsageError
+from workbench.runtime import quiet_and_offline
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workbench",
+                                     description="Diagnose fine-tuning failures of Hugging Face models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("diagnose", help="run the diagnostic notebooks into a dated report")
+    d.add_argument("checkpoint", nargs="?", help="checkpoint or adapter folder (default: the bundled demo)")
+    d.add_argument("--adapter", help="a PEFT adapter folder to apply on CKPT")
+    d.add_argument("--base", help="override the base an adapter CKPT records in adapter_config.json")
+    d.add_argument("--quant", default=None, choices=["none", "4bit", "8bit"], help="quantization to load with")
+    d.add_argument("--gpus", default="1", help="diagnose as if the training process saw N GPUs (default 1)")
+    d.add_argument("--setup", help="plain | qlora | sft | module:function (your own model factory)")
+    d.add_argument("--params", help="a YAML parameters file (see parameters/defaults.yaml)")
+    d.add_argument("--device-map", help="device_map for loading: auto, balanced, cpu, N or JSON")
+    d.add_argument("--max-memory", help="per-device memory, accelerate's format: 0=20GiB,1=20GiB,cpu=64GiB")
+    d.add_argument("--dtype", default="auto", help="load dtype: auto (the checkpoint's), bf16, fp16, fp32")
+    d.add_argument("--distributed", type=int, default=0, help="reserved: ranks for the torchrun probes")
+    d.add_argument("--reports-dir", default="reports", help="where reports go (default: reports/)")
+    d.add_argument("--notebooks", nargs="*", help="only these notebooks (by number or name prefix)")
+    d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
+
+    c = sub.add_parser("census", help="dtype census from safetensors headers alone (no weight is read)")
+    c.add_argument("checkpoint")
+    c.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    c.add_argument("--trust-remote-code", action="store_true")
+
+    m = sub.add_parser("demo", help="build the bundled demo checkpoints and print their paths")
+    m.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
+    return parser
+
+
+def cmd_demo(args) -> int:
+    from workbench.demo import build_demo
+
+    paths = build_demo(force=args.force)
+    for label in ("qwen_base", "qwen_stage1", "qwen_stage2", "llama"):
+        print(f"{label:12} {getattr(paths, label)}")
+    return 0
+
+
+def cmd_census(args) -> int:
+    from workbench.dtype_report import checkpoint_report
+    from workbench.target import resolve_target
+
+    target = resolve_target(args.checkpoint, trust_remote_code=args.trust_remote_code)
+    report = checkpoint_report(target)
+    finding = report.findings()[0]
+    frame = report.to_frame()
+    if args.json:
+        print(json.dumps({"integrity": finding.to_dict(), "census": frame.to_dict(orient="records"),
+                          "header_bytes_read": sum(c.bytes_read for c in report.censuses)}, indent=2))
+    else:
+        print(f"checkpoint.integrity: {finding.verdict}: {finding.title}")
+        print(frame.to_string(index=False))
+        print(f"header bytes read: {sum(c.bytes_read for c in report.censuses):,} (no weight loaded)")
+    return 1 if finding.verdict in ("fail", "error") else 0
+
+
+def cmd_diagnose(args) -> int:
+    from workbench.params import load_params
+    from workbench.runner import diagnose, exit_code
+    from workbench.target import resolve_target
+
+    checkpoint, quant, setup, gpus = args.checkpoint, args.quant, args.setup, args.gpus
+    if not checkpoint:
+        from workbench.demo import build_demo
+
+        if args.adapter or args.base:
+            raise UsageError("--adapter/--base need a CKPT; without one the bundled demo is diagnosed")
+        demo = build_demo()
+        print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({demo.qwen_stage2})")
+        checkpoint, quant, setup = str(demo.qwen_stage2), quant or "4bit", setup or "qlora"
+        gpus = gpus if gpus != "1" else "2"
+    target = resolve_target(checkpoint, adapter=args.adapter, base=args.base, quant=quant or "none", gpus=gpus,
+                            setup=setup, params=load_params(args.params), device_map=args.device_map,
+                            max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=args.notebooks)
+    for f in findings:
+        if f.verdict in ("fail", "error"):
+            print(f"{f.verdict}: {f.id}: {f.title}")
+    print(f"report: {folder}")
+    return exit_code(findings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    quiet_and_offline()
+    args = build_parser().parse_args(argv)
+    handler = {"diagnose": cmd_diagnose, "census": cmd_census, "demo": cmd_demo}[args.command]
+    try:
+        return handler(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: one line on the terminal, the traceback in a log
+        log = Path(os.environ.get("TMPDIR", "/tmp")) / f"workbench-crash-{os.getpid()}.log"
+        with contextlib.suppress(OSError):
+            log.write_text("".join(traceback.format_exception(exc)))
+        print(f"error: the workbench crashed ({type(exc).__name__}: {exc}); traceback in {log}", file=sys.stderr)
+        return 2

@@ -1,0 +1,193 @@
+"""The probes of notebook 01 (dtype distribution), each a result that displays itself and yields findings."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from pathlib import Path
+from typing import Any
+
+from workbench.census import (DtypeCensus, census_finding, dtype_census, predicted_quantized_census,
+                              quantized_finding)
+from workbench.checkpoint import (CheckpointInspection, StaticCensus, checkpoint_key_mapper, inspect_checkpoint,
+                                  static_census)
+from workbench.components import ComponentClassifier
+from workbench.findings import Finding, worst_verdict
+from workbench.islands import IslandReport, fp32_islands
+from workbench.recorder import probe
+
+DEFAULT_REAL_QUANT_MAX_BYTES = 2 * 1024**3  # verify predictions with a real load only below this checkpoint size
+
+
+def component_overrides(target) -> dict[str, list[str]]:
+    return dict(target.params.get("components") or {})
+
+
+@dataclasses.dataclass
+class CheckpointReport:
+    inspections: list[CheckpointInspection]
+    censuses: list[StaticCensus]
+
+    def findings(self) -> list[Finding]:
+        per_folder = [i.finding() for i in self.inspections]
+        worst = worst_verdict(f.verdict for f in per_folder)
+        chosen = next(f for f in per_folder if f.verdict == worst)
+        if len(per_folder) > 1:
+            chosen.evidence = {"folders": [f.evidence for f in per_folder]}
+            if worst == "pass":
+                chosen.detail = " | ".join(f.detail for f in per_folder)
+        return [chosen]
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.concat([c.to_frame() for c in self.censuses], ignore_index=True)
+
+    def _repr_html_(self) -> str:
+        from workbench.html import esc, findings_table, frame_html
+
+        reads = sum(c.bytes_read for c in self.censuses)
+        unmapped = [k for c in self.censuses for k in c.unmapped]
+        note = f"<p>Header-only census: {reads:,} bytes read, no weight loaded; keys mapped via " \
+               f"{esc(self.censuses[0].key_mapping) if self.censuses else '-'}.</p>"
+        if unmapped:
+            note += f"<p>Keys matched to no module (counted as other): {esc(', '.join(unmapped[:8]))}</p>"
+        return findings_table(self.findings()) + note + frame_html(self.to_frame())
+
+
+@probe("checkpoint.integrity")
+def checkpoint_report(target) -> CheckpointReport:
+    """Integrity of the model (or base) folder and the adapter folder, and their census from headers alone."""
+    from workbench.loading import auto_config, meta_model
+
+    folders = [("model" if target.adapter_dir is None else "base", target.model_dir)]
+    if target.adapter_dir is not None:
+        folders.append(("adapter", target.adapter_dir))
+    inspections = [inspect_checkpoint(folder) for _, folder in folders]
+    config = auto_config(target.model_dir, trust_remote_code=target.trust_remote_code)
+    skeleton, _ = meta_model(config)
+    classifier = ComponentClassifier.from_model(skeleton, component_overrides(target))
+    map_key, how = checkpoint_key_mapper(skeleton)
+
+    def adapter_key(key: str) -> str:  # PEFT saves adapter keys under base_model.model.<module path>
+        return map_key(key.removeprefix("base_model.model."))
+
+    censuses = [static_census(insp, classifier.component_of, adapter_key if role == "adapter" else map_key, how,
+                              source=f"{role}: {Path(folder).name}")
+                for (role, folder), insp in zip(folders, inspections)]
+    return CheckpointReport(inspections, censuses)
+
+
+@dataclasses.dataclass
+class LoadedCensusReport:
+    census: DtypeCensus
+    static: CheckpointReport | None
+
+    def findings(self) -> list[Finding]:
+        return [census_finding(self.census, self.static.censuses[0] if self.static else None)]
+
+    def _repr_html_(self) -> str:
+        return self.census._repr_html_()
+
+
+@probe("dtype.census")
+def loaded_census_report(prepared, target, static: CheckpointReport | None = None) -> LoadedCensusReport:
+    label = f"loaded ({target.setup} set-up, quant {target.quant})"
+    return LoadedCensusReport(dtype_census(prepared.model, label=label, overrides=component_overrides(target)),
+                              static)
+
+
+@dataclasses.dataclass
+class QuantizedReport:
+    predictions: dict[str, DtypeCensus]
+    reals: dict[str, DtypeCensus | str]  # a census, or why there is none
+    comparison: Any  # pandas DataFrame: the seeds' table, one row per scenario
+
+    def findings(self) -> list[Finding]:
+        return [quantized_finding(self.predictions, self.reals)]
+
+    def _repr_html_(self) -> str:
+        from workbench.html import frame_html
+
+        return "<h4>Parameter dtypes per component, by scenario</h4>" + frame_html(self.comparison)
+
+
+def _real_quantized_census(target, quant: str, overrides) -> DtypeCensus | str:
+    from workbench.loading import load_pretrained
+
+    try:
+        model = load_pretrained(target.model_dir, quant=quant, trust_remote_code=target.trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - bitsandbytes may not load on this machine: say so, keep the prediction
+        return f"real {quant} load failed here: {type(exc).__name__}: {str(exc)[:200]}"
+    try:
+        return dtype_census(model, label=f"real {quant} (bitsandbytes)", overrides=overrides)
+    finally:
+        del model
+        gc.collect()
+
+
+@probe("dtype.quantized_census")
+def quantized_census_report(target, loaded: LoadedCensusReport | None = None, static: CheckpointReport | None = None,
+                            real_max_bytes: int = DEFAULT_REAL_QUANT_MAX_BYTES,
+                            compare: list[str] | tuple[str, ...] = ()) -> QuantizedReport:
+    """4-bit and 8-bit censuses predicted on meta; verified by a real load when the checkpoint is small enough."""
+    import pandas as pd
+
+    from workbench.loading import auto_config
+
+    overrides = component_overrides(target)
+    config = auto_config(target.model_dir, trust_remote_code=target.trust_remote_code)
+    weight_bytes = sum(i.weight_bytes for i in static.inspections[:1]) if static else None
+    predictions, reals = {}, {}
+    for quant in ("4bit", "8bit"):
+        predictions[quant] = predicted_quantized_census(config, quant, overrides=overrides)
+        if weight_bytes is None:
+            reals[quant] = "not loaded: the checkpoint's size is unknown (its header census did not run)"
+        elif weight_bytes > real_max_bytes:
+            reals[quant] = (f"not loaded: {weight_bytes / 1e9:.1f} GB of weights is above real_quant_max_bytes "
+                            f"({real_max_bytes / 1e9:.1f} GB)")
+        else:
+            reals[quant] = _real_quantized_census(target, quant, overrides)
+
+    rows = []
+    if static:
+        for census in static.censuses:
+            rows.append({"scenario": f"checkpoint headers ({census.rows[0]['source'] if census.rows else ''})",
+                         **_summaries(census.dtypes_by_component())})
+    if loaded:
+        rows.append({"scenario": loaded.census.label, **_summaries(loaded.census.dtypes_by_component())})
+    for quant in predictions:
+        rows.append({"scenario": predictions[quant].label, **_summaries(predictions[quant].dtypes_by_component())})
+        real = reals[quant]
+        rows.append({"scenario": real.label if isinstance(real, DtypeCensus) else f"real {quant}",
+                     **(_summaries(real.dtypes_by_component()) if isinstance(real, DtypeCensus) else {"note": real})})
+    for other in compare:
+        other_config = auto_config(other, trust_remote_code=target.trust_remote_code)
+        rows.append({"scenario": f"{Path(other).name}: predicted 4bit",
+                     **_summaries(predicted_quantized_census(other_config, "4bit", overrides=overrides)
+                                  .dtypes_by_component())})
+    return QuantizedReport(predictions, reals, pd.DataFrame(rows).fillna(""))
+
+
+def _summaries(by_component: dict[str, dict[str, int]]) -> dict[str, str]:
+    return {comp: " + ".join(f"{d} {n}" for d, n in dtypes.items()) for comp, dtypes in by_component.items()}
+
+
+@dataclasses.dataclass
+class IslandProbe:
+    report: IslandReport
+
+    def findings(self) -> list[Finding]:
+        return [self.report.finding()]
+
+    def _repr_html_(self) -> str:
+        return self.report._repr_html_()
+
+
+@probe("dtype.fp32_islands")
+def fp32_island_report(prepared, target=None) -> IslandProbe:
+    from workbench.components import ComponentClassifier
+
+    overrides = component_overrides(target) if target is not None else None
+    classifier = ComponentClassifier.from_model(prepared.model, overrides)
+    return IslandProbe(fp32_islands(prepared.model, classifier=classifier))

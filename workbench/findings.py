@@ -1,0 +1,108 @@
+"""The findings model: one verdict of one check, with its evidence and its fix.
+
+A probe returns a result object; the result turns itself into `Finding`s. Notebooks record them in a
+JSON sidecar (`FindingsRecorder`), which the report runner merges into `findings.json`.
+
+    >>> f = Finding("dtype.census", "pass", "Dtype census", "2 dtypes in 3 components")
+    >>> f.to_dict()["verdict"]
+    'pass'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import traceback
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+Verdict = Literal["pass", "info", "warn", "fail", "error", "skip"]
+
+# Worst first: the order a report lists findings in.
+VERDICT_ORDER: tuple[Verdict, ...] = ("error", "fail", "warn", "info", "skip", "pass")
+VERDICT_COLOURS = {
+    "error": "#7b1fa2", "fail": "#c62828", "warn": "#ef6c00",
+    "info": "#1565c0", "skip": "#757575", "pass": "#2e7d32",
+}
+FAILING_VERDICTS = frozenset({"fail", "error"})
+
+
+def verdict_rank(verdict: str) -> int:
+    """0 for the worst verdict; unknown verdicts sort first so they are never hidden."""
+    return VERDICT_ORDER.index(verdict) if verdict in VERDICT_ORDER else -1
+
+
+def worst_verdict(verdicts: Iterable[str]) -> Verdict | None:
+    ranked = sorted(verdicts, key=verdict_rank)
+    return ranked[0] if ranked else None  # type: ignore[return-value]
+
+
+@dataclasses.dataclass
+class Finding:
+    """One check's verdict. `error` = the check could not run; `fail` = it ran and found a defect."""
+
+    id: str
+    verdict: Verdict
+    title: str
+    detail: str = ""
+    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
+    fix: str = ""
+    notebook: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICT_ORDER:
+            raise ValueError(f"unknown verdict {self.verdict!r}; use one of {', '.join(VERDICT_ORDER)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+    @classmethod
+    def from_exception(cls, check_id: str, exc: BaseException, *, title: str | None = None) -> Finding:
+        """The check crashed: an `error` finding carrying the exception and its traceback."""
+        return cls(
+            id=check_id,
+            verdict="error",
+            title=title or f"{check_id} could not run",
+            detail=f"{type(exc).__name__}: {exc}",
+            evidence={"traceback": "".join(traceback.format_exception(exc))[-8000:]},
+            fix="Read the traceback in the evidence; if the input is at fault, fix it and re-run.",
+        )
+
+    def _repr_html_(self) -> str:
+        from workbench.html import findings_table
+
+        return findings_table([self])
+
+
+def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (verdict_rank(f.verdict), f.id))
+
+
+def to_jsonable(value: Any) -> Any:
+    """Evidence may hold dtypes, paths, tuples, numpy scalars: make it JSON without losing meaning."""
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            return value.item()
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write then rename, so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(to_jsonable(data), indent=2, ensure_ascii=False))
+    os.replace(tmp, path)

@@ -1,0 +1,39 @@
+"""Inputs that fit a model: image + text for VLMs, text for LLMs, built from what the checkpoint ships.
+
+`vlm_inputs` does what Qwen2VLProcessor.__call__ does (expand each image placeholder to one token per merged
+patch) from the tokenizer and the image processor alone, for installs where the processor class cannot be
+built (its video half imports torchvision).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def load_vlm_parts(folder: str | Path) -> tuple[Any, Any]:
+    """(tokenizer, image_processor) saved beside a checkpoint; either may be None."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    folder = Path(folder)
+    tokenizer = image_processor = None
+    if (folder / "tokenizer_config.json").exists():
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    if (folder / "preprocessor_config.json").exists():
+        image_processor = AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
+    return tokenizer, image_processor
+
+
+def vlm_inputs(tokenizer, image_processor, image, text: str, image_token: str = "<|image_pad|>") -> dict:
+    """input_ids / attention_mask / pixel_values / image_grid_thw for one image and one user turn."""
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    vision = image_processor(images=[image], return_tensors="pt")
+    merge = getattr(image_processor, "merge_size", 2) ** 2
+    n_tokens = int(vision["image_grid_thw"][0].prod()) // merge
+    prompt = prompt.replace(image_token, image_token * n_tokens, 1)
+    encoded = tokenizer([prompt], return_tensors="pt")
+    image_token_id = tokenizer.convert_tokens_to_ids(image_token)
+    # modality per token (0 text, 1 image), as ProcessorMixin.create_mm_token_type_ids builds it for M-RoPE
+    mm_token_type_ids = (encoded["input_ids"] == image_token_id).long()
+    return {**encoded, **vision, "mm_token_type_ids": mm_token_type_ids}

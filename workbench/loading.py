@@ -1,0 +1,159 @@
+"""Loading models the way from_pretrained does: for real, or as an empty skeleton on the meta device.
+
+Never runs remote code unless asked, never reaches the hub (the caller sets HF_HUB_OFFLINE), never unpickles:
+`use_safetensors` is forced unless the caller passes `allow_pickle=True`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from workbench.errors import UsageError
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    if name in ("auto", ""):
+        return None
+    try:
+        return DTYPES[str(name).removeprefix("torch.")]
+    except KeyError:
+        raise UsageError(f"unknown dtype {name!r}; use one of bf16, fp16, fp32 or auto") from None
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path} not found: a model checkpoint needs its config.json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc}); re-save the checkpoint's config") from None
+
+
+def auto_config(folder: str | Path, *, trust_remote_code: bool = False):
+    import transformers
+
+    raw = read_config(folder)
+    model_type = raw.get("model_type")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING and not trust_remote_code:
+        hint = " (it declares auto_map: custom code)" if raw.get("auto_map") else ""
+        raise UsageError(
+            f"{folder}/config.json: model_type {model_type!r} is unknown to transformers {transformers.__version__}"
+            f"{hint}; upgrade transformers, or pass --trust-remote-code if you trust this checkpoint's code"
+        )
+    return transformers.AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code,
+                                                   local_files_only=True)
+
+
+def model_class_for(config) -> type:
+    """The class from_pretrained would instantiate: the config's declared architecture, else an Auto class."""
+    import transformers
+
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    sub_configs = getattr(config, "sub_configs", None) or {}
+    if "vision_config" in sub_configs:
+        return transformers.AutoModelForImageTextToText
+    return transformers.AutoModelForCausalLM
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def config_dtype(config) -> torch.dtype:
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = parse_dtype(dtype)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def meta_model(config, dtype: torch.dtype | None = None, quantization_config=None):
+    """An empty model on the meta device, built as from_pretrained builds it (quantizer included): no weight read.
+
+    Returns (model, hf_quantizer or None). A 72B skeleton builds in well under a second.
+    """
+    from accelerate import init_empty_weights
+
+    dtype = dtype or config_dtype(config)
+    cls = model_class_for(config)
+    hf_quantizer = None
+    with default_dtype(dtype), init_empty_weights():
+        model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+        if quantization_config is not None:
+            from transformers.quantizers import AutoHfQuantizer
+
+            hf_quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
+            hf_quantizer.preprocess_model(model=model, dtype=dtype, device_map={"": "cpu"}, checkpoint_files=None)
+    return model, hf_quantizer
+
+
+def bnb_config(quant: str, compute_dtype: torch.dtype = torch.bfloat16):
+    """The seeds' quantization: nf4 + double quant + bf16 compute for 4-bit; LLM.int8 for 8-bit."""
+    from transformers import BitsAndBytesConfig
+
+    if quant == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=compute_dtype)
+    if quant == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    if quant in ("none", None):
+        return None
+    raise UsageError(f"unknown quantization {quant!r}; use none, 4bit or 8bit")
+
+
+def load_pretrained(folder: str | Path, *, quant: str = "none", dtype: torch.dtype | None = None,
+                    device_map: Any = None, max_memory: dict | None = None, trust_remote_code: bool = False,
+                    allow_pickle: bool = False, attn_implementation: str | None = None):
+    """from_pretrained with the workbench's safety defaults (local files only, safetensors only)."""
+    config = auto_config(folder, trust_remote_code=trust_remote_code)
+    dtype = dtype or config_dtype(config)
+    kwargs: dict[str, Any] = dict(dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code)
+    if not allow_pickle:
+        kwargs["use_safetensors"] = True
+    quantization_config = bnb_config(quant, compute_dtype=dtype if dtype != torch.float32 else torch.bfloat16)
+    if quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
+        device_map = device_map or ({"": 0} if torch.cuda.is_available() else "cpu")
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if max_memory:
+        kwargs["max_memory"] = max_memory
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    return model_class_for(config).from_pretrained(str(folder), config=config, **kwargs)
+
+
+def load_processor(folder: str | Path):
+    """The processor (VLMs) or tokenizer saved beside a checkpoint, or None when there is none."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    folder = Path(folder)
+    if (folder / "processor_config.json").exists() or (folder / "preprocessor_config.json").exists():
+        with contextlib.suppress(Exception):
+            return AutoProcessor.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    if (folder / "tokenizer_config.json").exists() or (folder / "tokenizer.json").exists():
+        with contextlib.suppress(Exception):
+            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    return None

@@ -1,0 +1,53 @@
+"""Parameter files (YAML): options that are not worth a command-line flag. Unknown keys are errors.
+
+    components:                 # regexes over tensor names, checked before the structural split
+      vision: ['^model\\.visual\\.']
+    real_quant_max_bytes: 2000000000   # verify predicted 4/8-bit censuses by a real load below this size
+    compare: [path/to/base]     # other checkpoints for the comparison table (headers + predictions only)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import UsageError
+
+SCHEMA: dict[str, type] = {"components": dict, "real_quant_max_bytes": int, "compare": list}
+
+
+def validate_params(data: Any, source: str = "parameters") -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: expected a mapping of options at the top level, got {type(data).__name__}")
+    for key, value in data.items():
+        if key not in SCHEMA:
+            raise UsageError(f"{source}: unknown key {key!r}; known keys: {', '.join(sorted(SCHEMA))}")
+        if not isinstance(value, SCHEMA[key]) or isinstance(value, bool):
+            raise UsageError(f"{source}: {key} must be a {SCHEMA[key].__name__}, got {type(value).__name__}")
+    for component, patterns in (data.get("components") or {}).items():
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise UsageError(f"{source}: components.{component} must be a list of regex strings")
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise UsageError(f"{source}: components.{component}: bad regex {pattern!r} ({exc})") from None
+    return dict(data)
+
+
+def load_params(path: str | Path | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"parameters file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"parameters file {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+    return validate_params(data, str(path))

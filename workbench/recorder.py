@@ -1,0 +1,91 @@
+"""Running probes inside a notebook: failures become `error` findings, the notebook goes on.
+
+    rec = FindingsRecorder("findings.01.json", notebook="01_dtype_distribution")
+    census = rec.run(loaded_census_report, prepared, target)   # shown by the cell; findings recorded
+
+A probe declares the check ids it answers (`@probe("dtype.census")`). If it raises, each of its checks gets an
+`error` finding with the traceback and `run` returns a `Failed` that displays the error; a probe handed a
+`Failed` is not called, and its checks get an `error` naming the step it depended on. The sidecar is rewritten
+after every probe, so a kernel that dies still leaves what was found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.findings import Finding, sort_findings, write_json_atomic
+
+
+def probe(*check_ids: str):
+    """Declare which check ids a probe function answers."""
+    def mark(func):
+        func.checks = check_ids
+        return func
+    return mark
+
+
+@dataclasses.dataclass
+class Failed:
+    """What a probe returned when it crashed or could not run."""
+
+    step: str
+    message: str
+    traceback: str = ""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def _repr_html_(self) -> str:
+        from workbench.html import esc
+
+        tb = f"<details><summary>traceback</summary><pre>{esc(self.traceback)}</pre></details>" if self.traceback else ""
+        return (f'<div style="border-left:4px solid #7b1fa2;padding:4px 8px;background:#f3e5f5">'
+                f"<b>{esc(self.step)} could not run</b>: {esc(self.message)}{tb}</div>")
+
+    def __repr__(self) -> str:
+        return f"{self.step} could not run: {self.message}"
+
+
+class FindingsRecorder:
+    def __init__(self, path: str | Path, notebook: str) -> None:
+        self.path = Path(path)
+        self.notebook = notebook
+        self.findings: list[Finding] = []
+        self._save()
+
+    def add(self, *findings: Finding) -> None:
+        for f in findings:
+            f.notebook = self.notebook
+            self.findings = [g for g in self.findings if g.id != f.id or g.verdict == "error"] + [f]
+        self._save()
+
+    def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        step = getattr(func, "__name__", str(func))
+        checks = getattr(func, "checks", ())
+        failed_inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, Failed)]
+        if failed_inputs:
+            dep = failed_inputs[0]
+            msg = f"depends on {dep.step}, which could not run ({dep.message})"
+            self.add(*(Finding(c, "error", f"{c} could not run", msg,
+                               {"depends_on": dep.step}, "Fix the step it depends on.") for c in checks))
+            return Failed(step, msg)
+        try:
+            result = func(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a crashing probe is an error finding, not a dead notebook
+            self.add(*(Finding.from_exception(c, exc) for c in checks))
+            return Failed(step, f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))[-6000:])
+        findings = result.findings() if hasattr(result, "findings") else []
+        self.add(*findings)
+        return result
+
+    def _save(self) -> None:
+        write_json_atomic(self.path, {"notebook": self.notebook,
+                                      "findings": [f.to_dict() for f in sort_findings(self.findings)]})
+
+    def _repr_html_(self) -> str:
+        from workbench.html import findings_table
+
+        return "<h3>Findings of this notebook</h3>" + findings_table(self.findings)

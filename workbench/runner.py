@@ -1,0 +1,197 @@
+"""The report runner: papermill executes each notebook into a dated folder, nbconvert exports it to HTML,
+and the notebooks' sidecars are merged into findings.json and index.html.
+
+A notebook that raises is still saved (papermill marks the failing cell), exported, and recorded as `error`;
+the next notebook still runs. The report is assembled in a hidden `.partial` folder and renamed into
+`reports/YYYY-MM-DD/HHMMSS-<name>/` when complete, so an interrupted run never leaves a half report that looks
+whole, and two runs started in the same second get different folders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.environment import environment_report
+from workbench.errors import UsageError
+from workbench.findings import FAILING_VERDICTS, Finding, sort_findings, write_json_atomic
+from workbench.target import Target
+
+SCHEMA_VERSION = 1
+KERNEL_NAME = "workbench"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+@dataclasses.dataclass
+class NotebookRun:
+    name: str
+    status: str  # ok | error
+    html: str | None
+    seconds: float
+    error: str | None = None
+
+
+def find_notebooks(folder: Path = NOTEBOOK_DIR, only: list[str] | None = None) -> list[Path]:
+    notebooks = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        notebooks = [p for p in notebooks if any(p.stem.startswith(o) or p.stem == o for o in only)]
+    if not notebooks:
+        raise UsageError(f"no notebooks to run in {folder}" + (f" matching {only}" if only else ""))
+    return notebooks
+
+
+def declared_checks(notebook: Path) -> list[str]:
+    """The check ids a notebook promises, from its metadata (`workbench.checks`)."""
+    meta = json.loads(notebook.read_text()).get("metadata", {})
+    return list(meta.get("workbench", {}).get("checks", []))
+
+
+def ensure_kernel() -> str:
+    """The project's kernel, registered by `make install`; fail clearly if it is missing."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    except NoSuchKernel:
+        raise UsageError(f"the Jupyter kernel {KERNEL_NAME!r} is not registered; run `make install` (or "
+                         f"`python -m ipykernel install --sys-prefix --name {KERNEL_NAME}`)") from None
+    return spec.argv[0] if spec.argv else KERNEL_NAME
+
+
+def new_report_folder(reports_dir: Path, name: str, now: dt.datetime) -> tuple[Path, Path]:
+    """(temporary folder to write in, final folder to rename it to)."""
+    day = reports_dir / now.strftime("%Y-%m-%d")
+    try:
+        day.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create reports folder {day} ({exc.strerror}); pass a writable --reports-dir") \
+            from None
+    if not os.access(day, os.W_OK):
+        raise UsageError(f"reports folder {day} is not writable; pass a writable --reports-dir")
+    stem = f"{now.strftime('%H%M%S')}-{name}"
+    final = day / stem
+    suffix = 1
+    while final.exists():
+        suffix += 1
+        final = day / f"{stem}-{suffix}"
+    temp = day / f".{stem}.{uuid.uuid4().hex[:8]}.partial"
+    temp.mkdir()
+    return temp, final
+
+
+def export_html(executed: Path, html_path: Path) -> None:
+    """Self-contained HTML: code hidden, images inline, no script fetched from the internet."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab", exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True, embed_images=True)
+    body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
+    # the lab template links require.js / MathJax from a CDN; reports must open offline
+    body = re.sub(r'<script[^>]+src="https?://[^"]+"[^>]*>\s*</script>', "", body)
+    html_path.write_text(body)
+
+
+def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kernel: str) -> NotebookRun:
+    import papermill as pm
+
+    executed = folder / f"{notebook.stem}.ipynb"
+    start = time.monotonic()
+    error = None
+    try:
+        pm.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel,
+                            cwd=str(folder), progress_bar=False, log_output=False, report_mode=False)
+    except Exception as exc:  # noqa: BLE001 - PapermillExecutionError and kernel deaths alike: failure as artifact
+        error = f"{type(exc).__name__}: {getattr(exc, 'evalue', None) or str(exc).strip().splitlines()[-1:]}"
+    seconds = time.monotonic() - start
+    html = None
+    if executed.exists():
+        try:
+            export_html(executed, folder / f"{notebook.stem}.html")
+            html = f"{notebook.stem}.html"
+        except Exception as exc:  # noqa: BLE001
+            error = error or f"HTML export failed: {type(exc).__name__}: {exc}"
+    return NotebookRun(notebook.stem, "error" if error else "ok", html, round(seconds, 2), error)
+
+
+def collect_findings(folder: Path, notebook: Path, run: NotebookRun) -> list[Finding]:
+    """The notebook's sidecar, plus an `error` for every declared check the notebook never reported."""
+    sidecar = folder / f"findings.{notebook.stem}.json"
+    findings: list[Finding] = []
+    if sidecar.exists():
+        try:
+            findings = [Finding.from_dict(d) for d in json.loads(sidecar.read_text())["findings"]]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            findings = []
+    seen = {f.id for f in findings}
+    for check in declared_checks(notebook):
+        if check not in seen:
+            findings.append(Finding(check, "error", f"{check} was not reported",
+                                    f"{notebook.stem} stopped before this check: {run.error or 'no sidecar'}",
+                                    {"notebook_error": run.error}, "Open the notebook's HTML to see the failing "
+                                    "cell; fix the input or report the bug.", notebook.stem))
+    for f in findings:
+        f.notebook = notebook.stem
+    return findings
+
+
+def notebook_parameters(target: Target, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What each notebook's parameters cell receives: the user's own arguments, re-resolved in the kernel."""
+    return {
+        "checkpoint": target.checkpoint, "adapter": target.adapter_arg or "", "base": target.base_arg or "",
+        "quant": target.quant, "gpus": target.gpus, "setup": target.setup,
+        "device_map": json.dumps(target.device_map) if isinstance(target.device_map, dict) else
+        str(target.device_map or ""),
+        "max_memory": ",".join(f"{k}={v}" for k, v in (target.max_memory or {}).items()),
+        "dtype": target.dtype, "params_json": json.dumps(target.params),
+        "trust_remote_code": target.trust_remote_code, **(extra or {}),
+    }
+
+
+def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
+             echo: Callable[[str], None] = print) -> tuple[Path, list[Finding]]:
+    kernel_python = ensure_kernel()
+    notebooks = find_notebooks(only=only)
+    now = dt.datetime.now().astimezone()
+    temp, final = new_report_folder(Path(reports_dir), target.name, now)
+    parameters = notebook_parameters(target, extra_parameters)
+    echo(f"diagnosing {target.checkpoint} -> {final} (kernel {KERNEL_NAME}: {kernel_python})")
+    runs: list[NotebookRun] = []
+    findings: list[Finding] = []
+    for i, notebook in enumerate(notebooks, 1):
+        echo(f"[{i}/{len(notebooks)}] {notebook.stem} ...")
+        run = run_notebook(notebook, temp, {**parameters, "findings_path": f"findings.{notebook.stem}.json"},
+                           KERNEL_NAME)
+        nb_findings = collect_findings(temp, notebook, run)
+        findings.extend(nb_findings)
+        runs.append(run)
+        verdicts = ", ".join(f"{f.id} {f.verdict}" for f in sort_findings(nb_findings))
+        echo(f"[{i}/{len(notebooks)}] {notebook.stem} {run.status} ({run.seconds:.1f} s): {verdicts}"
+             + (f"\n      {run.error}" if run.error else ""))
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": f"{now.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}",
+        "created": now.isoformat(timespec="seconds"),
+        "target": target.as_contract(),
+        "environment": environment_report(),
+        "notebooks": [dataclasses.asdict(r) for r in runs],
+        "findings": [f.to_dict() for f in sort_findings(findings)],
+    }
+    write_json_atomic(temp / "findings.json", report)
+    from workbench.index_page import write_index
+
+    write_index(temp, report)
+    os.replace(temp, final)
+    return final, findings
+
+
+def exit_code(findings: list[Finding]) -> int:
+    return 1 if any(f.verdict in FAILING_VERDICTS for f in findings) else 0
