@@ -108,7 +108,8 @@ def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kerne
     error = None
     try:
         pm.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel,
-                            cwd=str(folder), progress_bar=False, log_output=False, report_mode=False)
+                            cwd=str(folder), progress_bar=False, log_output=False, report_mode=False,
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
     except Exception as exc:  # noqa: BLE001 - PapermillExecutionError and kernel deaths alike: failure as artifact
         error = f"{type(exc).__name__}: {getattr(exc, 'evalue', None) or str(exc).strip().splitlines()[-1:]}"
     seconds = time.monotonic() - start
@@ -157,9 +158,9 @@ def notebook_parameters(target: Target, extra: dict[str, Any] | None = None) -> 
 
 
 def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
-             echo: Callable[[str], None] = print) -> tuple[Path, list[Finding]]:
+             echo: Callable[[str], None] = print, notebook_dir: Path = NOTEBOOK_DIR) -> tuple[Path, list[Finding]]:
     kernel_python = ensure_kernel()
-    notebooks = find_notebooks(only=only)
+    notebooks = find_notebooks(Path(notebook_dir), only=only)
     now = dt.datetime.now().astimezone()
     temp, final = new_report_folder(Path(reports_dir), target.name, now)
     parameters = notebook_parameters(target, extra_parameters)

@@ -166,6 +166,9 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
     if not inspection.headers and not inspection.pickle_files:
         raise UsageError(f"{model_dir} holds config.json but no weights (model.safetensors or its shards); "
                          "copy the weight files in, or point at the folder that has them")
+    from workbench.setups import resolve_setup
+
+    resolve_setup(setup)  # a --setup that does not import fails here, before any notebook starts
     if not setup or setup == "plain":
         from workbench.loading import auto_config
 

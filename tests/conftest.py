@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from workbench.demo import DemoPaths, build_demo  # noqa: E402
+from workbench.runtime import quiet_and_offline  # noqa: E402
+
+quiet_and_offline()
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory) -> DemoPaths:
+    """The bundled demo, built once per test session into a temporary cache."""
+    return build_demo(tmp_path_factory.mktemp("cache") / "demo")
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    """Copy a checkpoint folder so a test can damage it."""
+    def make(folder: Path, name: str | None = None) -> Path:
+        dest = tmp_path / (name or folder.name)
+        shutil.copytree(folder, dest)
+        return dest
+    return make
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,62 @@
+import json
+
+from workbench.checkpoint import checkpoint_key_mapper, inspect_checkpoint, static_census
+from workbench.components import ComponentClassifier
+from workbench.loading import auto_config, meta_model
+
+
+def test_sharded_checkpoint_is_whole(demo):
+    inspection = inspect_checkpoint(demo.llama)
+    finding = inspection.finding()
+    assert finding.verdict == "pass", finding.detail
+    assert len(inspection.headers) > 1  # the demo's Llama is saved in shards
+    assert inspection.bytes_read < inspection.weight_bytes / 10
+
+
+def test_missing_shard_fails_naming_it(demo, copy_of):
+    folder = copy_of(demo.llama)
+    shard = sorted(folder.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    finding = inspect_checkpoint(folder).finding()
+    assert finding.verdict == "fail"
+    assert shard.name in finding.title + finding.detail
+
+
+def test_truncated_weights_fail(demo, copy_of):
+    folder = copy_of(demo.qwen_base)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    finding = inspect_checkpoint(folder).finding()
+    assert finding.verdict == "fail" and "truncated" in finding.detail
+
+
+def test_index_pointing_at_the_wrong_shard_fails(demo, copy_of):
+    folder = copy_of(demo.llama)
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    name = next(iter(index["weight_map"]))
+    shards = sorted(set(index["weight_map"].values()))
+    index["weight_map"][name] = next(s for s in shards if s != index["weight_map"][name])
+    index_path.write_text(json.dumps(index))
+    finding = inspect_checkpoint(folder).finding()
+    assert finding.verdict == "fail" and name in finding.detail
+
+
+def test_stray_pickle_beside_safetensors_warns(demo, copy_of):
+    folder = copy_of(demo.qwen_base)
+    (folder / "pytorch_model.bin").write_bytes(b"not read")
+    finding = inspect_checkpoint(folder).finding()
+    assert finding.verdict == "warn" and "pickle" in finding.detail
+
+
+def test_static_census_maps_legacy_keys_to_components(demo):
+    # transformers 5 saves Qwen2-VL as model.layers.* / visual.*; the modules are model.language_model / model.visual
+    skeleton, _ = meta_model(auto_config(demo.qwen_stage1))
+    classifier = ComponentClassifier.from_model(skeleton)
+    map_key, how = checkpoint_key_mapper(skeleton)
+    assert map_key("model.layers.0.mlp.up_proj.weight") == "model.language_model.layers.0.mlp.up_proj.weight"
+    census = static_census(inspect_checkpoint(demo.qwen_stage1), classifier.component_of, map_key, how)
+    by_component = census.dtypes_by_component()
+    assert set(by_component) == {"vision", "language", "head"}, by_component
+    assert census.unmapped == []
+    assert by_component["head"] == {"bfloat16": 1}

@@ -1,0 +1,61 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def workbench(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=600)
+
+
+def test_census_reads_headers_only(demo):
+    result = workbench("census", demo.qwen_stage1, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["integrity"]["verdict"] == "pass"
+    components = {row["component"] for row in data["census"]}
+    assert components == {"vision", "language", "head"}
+    assert data["header_bytes_read"] < 10_000
+
+
+def test_census_of_a_damaged_checkpoint_exits_1(demo, copy_of):
+    folder = copy_of(demo.qwen_base)
+    (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:-64])
+    result = workbench("census", folder)
+    assert result.returncode == 1
+    assert "checkpoint.integrity: fail" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["diagnose", "/no/such/checkpoint"], "does not exist"),
+    (["diagnose", "someorg/some-model-7b"], "hub id"),
+    (["census", "/no/such/checkpoint"], "does not exist"),
+])
+def test_bad_input_exits_2_with_one_line(args, message):
+    result = workbench(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_setup_that_does_not_import_exits_2(demo, tmp_path):
+    result = workbench("diagnose", demo.llama, "--setup", "no_such_module:load", "--reports-dir", tmp_path)
+    assert result.returncode == 2
+    assert "cannot import no_such_module" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unwritable_reports_dir_exits_2(demo, tmp_path):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    reports.chmod(0o500)
+    try:
+        result = workbench("diagnose", demo.llama, "--reports-dir", reports)
+    finally:
+        reports.chmod(0o700)
+    if result.returncode != 2 and not (reports / "x").parent.exists():
+        pytest.skip("running as a user who can write anywhere")
+    assert result.returncode == 2 or "report:" in result.stdout

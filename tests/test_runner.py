@@ -1,0 +1,111 @@
+"""End to end: real papermill runs, real nbconvert HTML, real findings.json."""
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from workbench.runner import diagnose, new_report_folder
+from workbench.target import resolve_target
+
+CONTRACT_KEYS = {"schema_version", "run_id", "created", "target", "environment", "notebooks", "findings"}
+NOTEBOOK_01_CHECKS = {"checkpoint.integrity", "dtype.census", "dtype.quantized_census", "dtype.fp32_islands"}
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "workbench", "diagnose", *map(str, args)], capture_output=True,
+                          text=True, timeout=900)
+
+
+def only_report(reports: Path) -> Path:
+    folders = [p for p in reports.glob("*/*") if p.is_dir()]
+    assert len(folders) == 1, folders
+    return folders[0]
+
+
+@pytest.mark.slow
+def test_demo_adapter_diagnosis_end_to_end(demo, tmp_path):
+    result = run_cli(demo.qwen_stage2, "--quant", "4bit", "--setup", "qlora", "--gpus", "2",
+                     "--reports-dir", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    folder = only_report(tmp_path)
+    assert result.stdout.strip().splitlines()[-1] == f"report: {folder}"
+    assert folder.parent.name == dt.date.today().isoformat()
+    report = json.loads((folder / "findings.json").read_text())
+    assert CONTRACT_KEYS <= set(report)
+    assert report["target"]["base"] == str(demo.qwen_stage1)  # the recorded base, not the original one
+    verdicts = {f["id"]: f["verdict"] for f in report["findings"]}
+    assert set(verdicts) == NOTEBOOK_01_CHECKS
+    assert verdicts["checkpoint.integrity"] == "pass"
+    assert verdicts["dtype.quantized_census"] == "pass"  # prediction agrees with the real 4-bit load
+    assert verdicts["dtype.fp32_islands"] == "warn"  # prepare_model_for_kbit_training upcasts norms
+    assert report["notebooks"][0]["status"] == "ok"
+    html = (folder / "01_dtype_distribution.html").read_text()
+    assert "data:image/png;base64" in html and "<script src=\"http" not in html
+    assert "rec.run(" not in html  # code hidden
+    index = (folder / "index.html").read_text()
+    assert 'href="01_dtype_distribution.html"' in index and "dtype.fp32_islands" in index
+    assert not list(tmp_path.glob("*/.*partial"))
+
+
+@pytest.mark.slow
+def test_a_model_family_the_demo_does_not_use(tmp_path):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "tiny-gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=300, n_positions=64)).save_pretrained(ckpt)
+    before = {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()}
+    result = run_cli(ckpt, "--reports-dir", tmp_path / "reports")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((only_report(tmp_path / "reports") / "findings.json").read_text())
+    verdicts = {f["id"]: f["verdict"] for f in report["findings"]}
+    assert set(verdicts) == NOTEBOOK_01_CHECKS and "error" not in verdicts.values()
+    census = next(f for f in report["findings"] if f["id"] == "dtype.census")
+    assert set(census["evidence"]["parameters"]) == {"language"}  # tied lm_head: counted once, with wte
+    assert {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()} == before  # nothing written into the checkpoint
+
+
+def _notebook(body: str, checks: list[str]) -> nbformat.NotebookNode:
+    nb = new_notebook()
+    params = new_code_cell("checkpoint = ''\nfindings_path = 'x.json'")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "workbench", "display_name": "workbench", "language": "python"}
+    nb.metadata["workbench"] = {"checks": checks}
+    return nb
+
+
+@pytest.mark.slow
+def test_a_failing_notebook_is_an_artifact_and_the_next_still_runs(demo, tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    nbformat.write(_notebook("raise RuntimeError('planted crash')", ["boom.check"]), notebooks / "01_boom.ipynb")
+    nbformat.write(_notebook(
+        "import workbench as wb\nrec = wb.FindingsRecorder(findings_path, notebook='02_ok')\n"
+        "rec.add(wb.Finding('ok.check', 'pass', 'fine'))", ["ok.check"]), notebooks / "02_ok.ipynb")
+    target = resolve_target(str(demo.llama))
+    folder, findings = diagnose(target, reports_dir=tmp_path / "reports", notebook_dir=notebooks,
+                                echo=lambda line: None)
+    by_id = {f.id: f for f in findings}
+    assert by_id["boom.check"].verdict == "error" and "planted crash" in by_id["boom.check"].detail
+    assert by_id["ok.check"].verdict == "pass"
+    report = json.loads((folder / "findings.json").read_text())
+    assert [n["status"] for n in report["notebooks"]] == ["error", "ok"]
+    assert (folder / "01_boom.html").exists() and (folder / "01_boom.ipynb").exists()
+    assert "planted crash" in (folder / "01_boom.html").read_text()
+
+
+def test_report_folders_never_collide(tmp_path):
+    now = dt.datetime(2026, 11, 22, 10, 30, 0)
+    first_temp, first = new_report_folder(tmp_path, "demo", now)
+    first_temp.rename(first)
+    second_temp, second = new_report_folder(tmp_path, "demo", now)
+    assert first != second and first.name == "103000-demo" and second.name == "103000-demo-2"
+    assert first.parent.name == "2026-11-22" and second_temp.name.endswith(".partial")

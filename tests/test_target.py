@@ -1,0 +1,78 @@
+import json
+
+import pytest
+
+from workbench.errors import UsageError
+from workbench.params import load_params
+from workbench.target import parse_max_memory, resolve_target
+
+
+def test_adapter_resolves_its_recorded_base(demo):
+    target = resolve_target(str(demo.qwen_stage2))
+    assert target.adapter_dir == demo.qwen_stage2
+    assert target.model_dir == demo.qwen_stage1  # stage 2 was trained on stage 1, not on the base
+    assert target.base_source == "adapter_config.json"
+
+
+def test_base_override(demo):
+    target = resolve_target(str(demo.qwen_stage2), base=str(demo.qwen_base))
+    assert target.model_dir == demo.qwen_base and target.base_source == "--base"
+    assert target.recorded_base == str(demo.qwen_stage1)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d, t: t / "nope", "does not exist"),
+    (lambda d, t: t, "neither config.json nor adapter_config.json"),
+    (lambda d, t: "someorg/some-model-7b", "hub id"),
+])
+def test_unusable_inputs_are_one_clear_line(demo, tmp_path, make, message):
+    with pytest.raises(UsageError, match=message) as info:
+        resolve_target(str(make(demo, tmp_path)))
+    assert "\n" not in str(info.value)
+
+
+def test_config_without_weights(tmp_path, demo):
+    (tmp_path / "config.json").write_text((demo.llama / "config.json").read_text())
+    with pytest.raises(UsageError, match="no weights"):
+        resolve_target(str(tmp_path))
+
+
+def test_adapter_whose_base_is_missing(demo, copy_of):
+    adapter = copy_of(demo.qwen_stage2)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "/nowhere/stage1"
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match="adapter's base"):
+        resolve_target(str(adapter))
+
+
+def test_unknown_architecture(demo, copy_of):
+    folder = copy_of(demo.llama)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "qwen99_omni"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match="unknown to transformers"):
+        resolve_target(str(folder))
+
+
+@pytest.mark.parametrize("gpus", [0, -1, "two"])
+def test_gpu_count_must_be_positive(demo, gpus):
+    with pytest.raises(UsageError, match="--gpus"):
+        resolve_target(str(demo.llama), gpus=gpus)
+
+
+def test_max_memory_format():
+    assert parse_max_memory("0=20GiB,1=20GiB,cpu=64GiB") == {0: "20GiB", 1: "20GiB", "cpu": "64GiB"}
+    with pytest.raises(UsageError, match="max-memory"):
+        parse_max_memory("lots")
+
+
+def test_parameter_files_are_validated(tmp_path):
+    good = tmp_path / "p.yaml"
+    good.write_text("components:\n  head: ['lm_head']\nreal_quant_max_bytes: 10\n")
+    assert load_params(good)["components"] == {"head": ["lm_head"]}
+    for text, message in [("colour: red\n", "unknown key 'colour'"), ("real_quant_max_bytes: big\n", "must be a int"),
+                          ("components:\n  head: ['[']\n", "bad regex")]:
+        good.write_text(text)
+        with pytest.raises(UsageError, match=message):
+            load_params(good)
