@@ -17,9 +17,9 @@ CONTRACT_KEYS = {"schema_version", "run_id", "created", "target", "environment",
 NOTEBOOK_01_CHECKS = {"checkpoint.integrity", "dtype.census", "dtype.quantized_census", "dtype.fp32_islands"}
 
 
-def run_cli(*args):
+def run_cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "workbench", "diagnose", *map(str, args)], capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, cwd=cwd)
 
 
 def only_report(reports: Path) -> Path:
@@ -62,7 +62,12 @@ def test_a_model_family_the_demo_does_not_use(tmp_path):
     ckpt = tmp_path / "tiny-gpt2"
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=300, n_positions=64)).save_pretrained(ckpt)
     before = {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()}
-    result = run_cli(ckpt, "--reports-dir", tmp_path / "reports")
+    # relative paths and a user set-up module in the working folder, as a user types them
+    (tmp_path / "my_setup.py").write_text(
+        "from transformers import AutoModelForCausalLM\n"
+        "def load(checkpoint, **options):\n"
+        "    return AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True)\n")
+    result = run_cli("tiny-gpt2", "--setup", "my_setup:load", "--reports-dir", "reports", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((only_report(tmp_path / "reports") / "findings.json").read_text())
     verdicts = {f["id"]: f["verdict"] for f in report["findings"]}

@@ -50,4 +50,7 @@ def load_params(path: str | Path | None) -> dict[str, Any]:
         raise UsageError(f"parameters file {path} does not exist") from None
     except yaml.YAMLError as exc:
         raise UsageError(f"parameters file {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
-    return validate_params(data, str(path))
+    params = validate_params(data, str(path))
+    if "compare" in params:  # relative to where the user runs from, not to the kernel's report folder
+        params["compare"] = [str(Path(p).resolve()) for p in params["compare"]]
+    return params

@@ -146,8 +146,12 @@ def collect_findings(folder: Path, notebook: Path, run: NotebookRun) -> list[Fin
 
 def notebook_parameters(target: Target, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """What each notebook's parameters cell receives: the user's own arguments, re-resolved in the kernel."""
+    def absolute(ref: str | None) -> str:  # the kernel runs in the report folder: relative paths would break
+        return str(Path(ref).resolve()) if ref and Path(ref).exists() else (ref or "")
+
     return {
-        "checkpoint": target.checkpoint, "adapter": target.adapter_arg or "", "base": target.base_arg or "",
+        "checkpoint": absolute(target.checkpoint), "adapter": absolute(target.adapter_arg),
+        "base": absolute(target.base_arg),
         "quant": target.quant, "gpus": target.gpus, "setup": target.setup,
         "device_map": json.dumps(target.device_map) if isinstance(target.device_map, dict) else
         str(target.device_map or ""),
@@ -160,6 +164,8 @@ def notebook_parameters(target: Target, extra: dict[str, Any] | None = None) -> 
 def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
              echo: Callable[[str], None] = print, notebook_dir: Path = NOTEBOOK_DIR) -> tuple[Path, list[Finding]]:
     kernel_python = ensure_kernel()
+    # kernels inherit the environment: keep the user's folder importable for --setup module:function
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     notebooks = find_notebooks(Path(notebook_dir), only=only)
     now = dt.datetime.now().astimezone()
     temp, final = new_report_folder(Path(reports_dir), target.name, now)
