@@ -48,8 +48,9 @@ class IslandReport:
     def to_frame(self):
         import pandas as pd
 
-        return pd.DataFrame([i.as_row() for i in self.islands],
-                            columns=["name", "kind", "dtype", "component", "module_frozen", "intentional"])
+        frame = pd.DataFrame([i.as_row() for i in self.islands],
+                             columns=["name", "kind", "dtype", "component", "module_frozen", "intentional"])
+        return frame.fillna({"intentional": ""})
 
     def _repr_html_(self) -> str:
         from workbench.html import frame_html
