@@ -2,6 +2,7 @@
 
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
+from workbench.demo import build_demo
 from workbench.runner import diagnose, new_report_folder
 from workbench.target import resolve_target
 
@@ -17,9 +19,9 @@ CONTRACT_KEYS = {"schema_version", "run_id", "created", "target", "environment",
 NOTEBOOK_01_CHECKS = {"checkpoint.integrity", "dtype.census", "dtype.quantized_census", "dtype.fp32_islands"}
 
 
-def run_cli(*args, cwd=None):
+def run_cli(*args, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "workbench", "diagnose", *map(str, args)], capture_output=True,
-                          text=True, timeout=900, cwd=cwd)
+                          text=True, timeout=900, cwd=cwd, env={**os.environ, **(env or {})})
 
 
 def only_report(reports: Path) -> Path:
@@ -29,11 +31,12 @@ def only_report(reports: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_demo_adapter_diagnosis_end_to_end(demo, tmp_path):
-    result = run_cli(demo.qwen_stage2, "--quant", "4bit", "--setup", "qlora", "--gpus", "2",
-                     "--reports-dir", tmp_path)
+def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(tmp_path):
+    # what `make diagnose` runs: no CKPT -> the demo's stage-2 adapter, 4-bit, QLoRA set-up, 2 GPUs
+    result = run_cli("--reports-dir", tmp_path / "reports", env={"WORKBENCH_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stdout + result.stderr
-    folder = only_report(tmp_path)
+    demo = build_demo(tmp_path / "cache" / "demo")  # reused: the stamp matches
+    folder = only_report(tmp_path / "reports")
     assert result.stdout.strip().splitlines()[-1] == f"report: {folder}"
     assert folder.parent.name == dt.date.today().isoformat()
     report = json.loads((folder / "findings.json").read_text())
@@ -48,9 +51,11 @@ def test_demo_adapter_diagnosis_end_to_end(demo, tmp_path):
     html = (folder / "01_dtype_distribution.html").read_text()
     assert "data:image/png;base64" in html and "<script src=\"http" not in html
     assert "rec.run(" not in html  # code hidden
+    assert "qwen2vl-base: predicted 4bit" in html  # the seeds' base-vs-checkpoint comparison row
     index = (folder / "index.html").read_text()
     assert 'href="01_dtype_distribution.html"' in index and "dtype.fp32_islands" in index
-    assert not list(tmp_path.glob("*/.*partial"))
+    assert report["target"]["quant"] == "4bit" and report["target"]["gpus"] == 2
+    assert not list((tmp_path / "reports").glob("*/.*partial"))
 
 
 @pytest.mark.slow

@@ -78,6 +78,7 @@ def cmd_diagnose(args) -> int:
     from workbench.target import resolve_target
 
     checkpoint, quant, setup, gpus = args.checkpoint, args.quant, args.setup, args.gpus
+    params = load_params(args.params)
     if not checkpoint:
         from workbench.demo import build_demo
 
@@ -87,8 +88,9 @@ def cmd_diagnose(args) -> int:
         print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({demo.qwen_stage2})")
         checkpoint, quant, setup = str(demo.qwen_stage2), quant or "4bit", setup or "qlora"
         gpus = gpus if gpus != "1" else "2"
+        params.setdefault("compare", [str(demo.qwen_base)])  # the seeds' "base vs checkpoint" row
     target = resolve_target(checkpoint, adapter=args.adapter, base=args.base, quant=quant or "none", gpus=gpus,
-                            setup=setup, params=load_params(args.params), device_map=args.device_map,
+                            setup=setup, params=params, device_map=args.device_map,
                             max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=args.notebooks)
     for f in findings:
