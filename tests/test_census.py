@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from workbench.census import census_differences, dtype_census, predicted_quantized_census
+from workbench.census import census_differences, dtype_census, predicted_quantized_census, quantized_finding
 from workbench.loading import auto_config, load_pretrained
 
 
@@ -35,7 +35,11 @@ def test_prediction_notices_a_changed_model(demo):
     for p in real.rows:
         if p["component"] == "head":
             p["dtype"] = "float32"  # planted disagreement
-    assert census_differences(predicted, real)
+    differences = census_differences(predicted, real)
+    assert differences and differences[0]["component"] == "head"
+    finding = quantized_finding({"4bit": predicted}, {"4bit": real})
+    assert finding.verdict == "warn" and finding.evidence["differences"]["4bit"] == differences
+    assert quantized_finding({"4bit": predicted}, {"4bit": predicted}).verdict == "pass"
 
 
 def test_predicting_a_7b_sized_model_reads_no_weight():

@@ -24,8 +24,9 @@ findings_path = "findings.{name}.json"'''
 OPEN_TARGET = '''import workbench as wb
 
 wb.quiet_and_offline()
-if not checkpoint:
-    checkpoint, quant, setup, gpus = str(wb.build_demo().qwen_stage2), "4bit", "qlora", 2
+if not checkpoint:  # interactive use without a checkpoint: the demo, as `make diagnose` runs it
+    demo = wb.demo_arguments()
+    checkpoint, quant, setup, gpus, params_json = demo.checkpoint, demo.quant, demo.setup, demo.gpus, demo.params_json
 rec = wb.FindingsRecorder(findings_path, notebook="{name}")
 target = wb.resolve_target(checkpoint, adapter=adapter, base=base, quant=quant, gpus=gpus, setup=setup,
                            device_map=device_map, max_memory=max_memory, dtype=dtype, params_json=params_json,

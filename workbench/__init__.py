@@ -6,7 +6,7 @@ The curated surface below is what notebooks and the README use.
 from workbench.census import DtypeCensus, dtype_census, predicted_quantized_census
 from workbench.checkpoint import inspect_checkpoint, static_census
 from workbench.components import ComponentClassifier
-from workbench.demo import build_demo
+from workbench.demo import build_demo, demo_arguments
 from workbench.dtype_report import (checkpoint_report, fp32_island_report, loaded_census_report,
                                     quantized_census_report)
 from workbench.errors import UsageError
@@ -31,6 +31,7 @@ __all__ = [
     "UsageError",
     "build_demo",
     "checkpoint_report",
+    "demo_arguments",
     "dtype_census",
     "fp32_island_report",
     "fp32_islands",

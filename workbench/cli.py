@@ -80,15 +80,15 @@ def cmd_diagnose(args) -> int:
     checkpoint, quant, setup, gpus = args.checkpoint, args.quant, args.setup, args.gpus
     params = load_params(args.params)
     if not checkpoint:
-        from workbench.demo import build_demo
+        from workbench.demo import demo_arguments
 
         if args.adapter or args.base:
             raise UsageError("--adapter/--base need a CKPT; without one the bundled demo is diagnosed")
-        demo = build_demo()
-        print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({demo.qwen_stage2})")
-        checkpoint, quant, setup = str(demo.qwen_stage2), quant or "4bit", setup or "qlora"
-        gpus = gpus if gpus != "1" else "2"
-        params.setdefault("compare", [str(demo.qwen_base)])  # the seeds' "base vs checkpoint" row
+        demo = demo_arguments()
+        print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({demo.checkpoint})")
+        checkpoint, quant, setup = demo.checkpoint, quant or demo.quant, setup or demo.setup
+        gpus = gpus if gpus != "1" else str(demo.gpus)
+        params = {**json.loads(demo.params_json), **params}
     target = resolve_target(checkpoint, adapter=args.adapter, base=args.base, quant=quant or "none", gpus=gpus,
                             setup=setup, params=params, device_map=args.device_map,
                             max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code)

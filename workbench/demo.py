@@ -185,3 +185,20 @@ def build_demo(root: str | Path | None = None, force: bool = False) -> DemoPaths
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return DemoPaths(root)
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoArguments:
+    """How `make diagnose` with no CKPT diagnoses the demo: the seeds' stage 2 (4-bit, QLoRA, 2 GPUs)."""
+
+    checkpoint: str
+    quant: str
+    setup: str
+    gpus: int
+    params_json: str
+
+
+def demo_arguments(root: str | Path | None = None) -> DemoArguments:
+    paths = build_demo(root)
+    return DemoArguments(checkpoint=str(paths.qwen_stage2), quant="4bit", setup="qlora", gpus=2,
+                         params_json=json.dumps({"compare": [str(paths.qwen_base)]}))  # base-vs-checkpoint row
