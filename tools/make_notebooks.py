@@ -69,6 +69,20 @@ NOTEBOOKS = {
                               "frozen modules and buffers first; intentional ones are marked."),
             new_code_cell("islands = rec.run(wb.fp32_island_report, prepared, target)\nislands"),
         ]),
+    "02_dataparallel": notebook(
+        "02_dataparallel", "02 · DataParallel detection",
+        ["parallel.trainer_wrap", "parallel.device_map"],
+        [
+            new_markdown_cell("## Will the Trainer wrap the model in DataParallel?\n"
+                              "Asked of the installed `transformers.Trainer` itself, with the GPU count the training "
+                              "process would see; what had to be simulated on this machine is listed. The replica "
+                              "check runs a forward in a worker thread started under autocast, as DataParallel does."),
+            new_code_cell("prepared = rec.run(wb.prepare_model, target)\n"
+                          "wrap = rec.run(wb.trainer_wrap_report, prepared, target)\nwrap"),
+            new_markdown_cell("## Device maps\nThe loaded model's `hf_device_map`, and what `device_map=\"auto\"` / "
+                              "`\"balanced\"` would give on the GPUs, predicted on the meta device."),
+            new_code_cell("maps = rec.run(wb.device_map_report, prepared, target)\nmaps"),
+        ]),
 }
 
 

@@ -14,6 +14,7 @@ from workbench.findings import Finding
 from workbench.inputs import load_vlm_parts, vlm_inputs
 from workbench.islands import fp32_islands
 from workbench.params import load_params
+from workbench.parallel_report import device_map_report, trainer_wrap_report
 from workbench.recorder import Failed, FindingsRecorder
 from workbench.runtime import quiet_and_offline
 from workbench.safetensors_header import read_header
@@ -32,6 +33,7 @@ __all__ = [
     "build_demo",
     "checkpoint_report",
     "demo_arguments",
+    "device_map_report",
     "dtype_census",
     "fp32_island_report",
     "fp32_islands",
@@ -46,5 +48,6 @@ __all__ = [
     "read_header",
     "resolve_target",
     "static_census",
+    "trainer_wrap_report",
     "vlm_inputs",
 ]

@@ -189,7 +189,8 @@ def build_demo(root: str | Path | None = None, force: bool = False) -> DemoPaths
 
 @dataclasses.dataclass(frozen=True)
 class DemoArguments:
-    """How `make diagnose` with no CKPT diagnoses the demo: the seeds' stage 2 (4-bit, QLoRA, 2 GPUs)."""
+    """How `make diagnose` with no CKPT diagnoses the demo: the seeds' stage 2 as their 2024 SFTTrainer prepared it
+    (4-bit, QLoRA, older trl's bf16 casting, 2 GPUs)."""
 
     checkpoint: str
     quant: str
@@ -200,5 +201,5 @@ class DemoArguments:
 
 def demo_arguments(root: str | Path | None = None) -> DemoArguments:
     paths = build_demo(root)
-    return DemoArguments(checkpoint=str(paths.qwen_stage2), quant="4bit", setup="qlora", gpus=2,
+    return DemoArguments(checkpoint=str(paths.qwen_stage2), quant="4bit", setup="qlora_trl_legacy", gpus=2,
                          params_json=json.dumps({"compare": [str(paths.qwen_base)]}))  # base-vs-checkpoint row

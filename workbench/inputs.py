@@ -37,3 +37,29 @@ def vlm_inputs(tokenizer, image_processor, image, text: str, image_token: str = 
     # modality per token (0 text, 1 image), as ProcessorMixin.create_mm_token_type_ids builds it for M-RoPE
     mm_token_type_ids = (encoded["input_ids"] == image_token_id).long()
     return {**encoded, **vision, "mm_token_type_ids": mm_token_type_ids}
+
+
+def sample_inputs(model, folder: str | Path, text: str = "What is in this image?") -> tuple[dict, str]:
+    """Inputs that fit the model, and how they were made: image + text for a VLM whose checkpoint ships a
+    tokenizer and image processor (the seeds' red 224x224 test image), tokenized text, or random token ids."""
+    import torch
+    from PIL import Image
+
+    from workbench.components import unwrap_model
+
+    inner, _ = unwrap_model(model)
+    config = getattr(inner, "config", None)
+    device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    tokenizer, image_processor = load_vlm_parts(folder)
+    if getattr(config, "vision_config", None) is not None and tokenizer is not None and image_processor is not None:
+        inputs = vlm_inputs(tokenizer, image_processor, Image.new("RGB", (224, 224), color="red"), text)
+        how = "image + text (a red 224x224 image and a question, through the checkpoint's tokenizer and processor)"
+    elif tokenizer is not None:
+        inputs = dict(tokenizer([text], return_tensors="pt"))
+        how = "text through the checkpoint's tokenizer"
+    else:
+        vocab = getattr(getattr(config, "text_config", config), "vocab_size", 100) or 100
+        generator = torch.Generator().manual_seed(0)
+        inputs = {"input_ids": torch.randint(0, vocab, (1, 16), generator=generator)}
+        how = "16 random token ids (no tokenizer in the checkpoint)"
+    return {k: v.to(device) if hasattr(v, "to") else v for k, v in inputs.items()}, how

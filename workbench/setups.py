@@ -51,6 +51,30 @@ def qlora(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **op
     return get_peft_model(model, config)
 
 
+def legacy_trl_bf16_casting(model):
+    """What older trl SFTTrainer releases did to a 4-bit PEFT model with bf16=True, via
+    `trl.trainer.utils.peft_module_casting_to_bf16` (the seeds' 2024 runs): adapter layers to bf16, every module
+    named *norm* (or a LayerNorm) to fp32, lm_head / embed_tokens / wte / wpe from fp32 to bf16. trl 1.16 no
+    longer does this (it casts only trainable adapter weights to bf16). Encoded here to reproduce such runs."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, BaseTunerLayer):
+            module.to(torch.bfloat16)
+        elif isinstance(module, torch.nn.LayerNorm) or "norm" in name:
+            module.to(torch.float32)
+        elif any(x in name for x in ["lm_head", "embed_tokens", "wte", "wpe"]):
+            if hasattr(module, "weight") and module.weight.dtype == torch.float32:
+                module.to(torch.bfloat16)
+    return model
+
+
+def qlora_trl_legacy(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **options: Any):
+    """The seeds' stage 2 as their 2024 SFTTrainer prepared it: `qlora`, then older trl's bf16 casting
+    (fp32 norms, bf16 lm_head) — the configuration whose DataParallel replicas raise float != BFloat16."""
+    return legacy_trl_bf16_casting(qlora(checkpoint, adapter=adapter, quant=quant, **options))
+
+
 def sft(checkpoint: str, adapter: str | None = None, quant: str = "none", **options: Any):
     """What trl's SFTTrainer hands its training loop: a real SFTTrainer is constructed on a one-row dataset and
     its `.model` returned, so trl's own PEFT / k-bit / gradient-checkpointing preparation is what runs."""
@@ -80,7 +104,8 @@ def sft(checkpoint: str, adapter: str | None = None, quant: str = "none", **opti
         return trainer.model
 
 
-BUILTIN_SETUPS: dict[str, Callable[..., Any]] = {"plain": plain, "qlora": qlora, "sft": sft}
+BUILTIN_SETUPS: dict[str, Callable[..., Any]] = {"plain": plain, "qlora": qlora, "qlora_trl_legacy": qlora_trl_legacy,
+                                                 "sft": sft}
 
 
 def resolve_setup(spec: str | None) -> Callable[..., Any]:

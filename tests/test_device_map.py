@@ -1,0 +1,30 @@
+from workbench.device_map import device_map_finding, loaded_device_map, predict_device_map
+from workbench.loading import auto_config, load_pretrained
+from workbench.target import parse_max_memory
+
+
+def test_balanced_on_two_gpus_spans_both(demo):
+    prediction = predict_device_map(auto_config(demo.qwen_base), "balanced", 2, {0: "80GiB", 1: "80GiB"})
+    assert prediction.gpus == [0, 1] and not prediction.offloaded and not prediction.collapsed
+
+
+def test_sequential_keeps_a_small_model_on_one_gpu(demo):
+    prediction = predict_device_map(auto_config(demo.qwen_base), "sequential", 2, {0: "80GiB", 1: "80GiB"})
+    assert prediction.device_map == {"": 0} and prediction.collapsed
+    finding = device_map_finding(loaded_device_map(load_pretrained(demo.qwen_base)), [prediction], 2,
+                                 {0: "80GiB"}, assumed=False)
+    assert finding.verdict == "info" and "DataParallel" in finding.detail
+
+
+def test_tiny_memory_offloads_and_warns(demo):
+    budget = parse_max_memory("0=100KB,1=100KB,cpu=1GiB")
+    prediction = predict_device_map(auto_config(demo.qwen_base), "auto", 2, budget)
+    assert prediction.offloaded
+    finding = device_map_finding(loaded_device_map(load_pretrained(demo.qwen_base)), [prediction], 2, budget, False)
+    assert finding.verdict == "warn"
+
+
+def test_four_bit_refuses_cpu_entries(demo):
+    prediction = predict_device_map(auto_config(demo.qwen_base), "auto", 2,
+                                    parse_max_memory("0=100KB,1=100KB,cpu=1GiB"), quant="4bit")
+    assert prediction.error and "CPU or the disk" in prediction.error

@@ -1,0 +1,68 @@
+import torch
+
+from workbench.loading import load_pretrained
+from workbench.parallel_report import trainer_wrap_report
+from workbench.replica import replica_forward_check
+from workbench.inputs import sample_inputs
+from workbench.setups import prepare_model
+from workbench.target import resolve_target
+from workbench.trainer_wrap import observe_trainer
+
+
+def test_two_gpus_halve_the_steps_the_seeds_signature(demo):
+    model = load_pretrained(demo.qwen_base)
+    one = observe_trainer(model, 1)
+    two = observe_trainer(model, 2)
+    assert not one.wraps_data_parallel and one.steps_per_epoch == 136 and one.train_batch_size == 2
+    assert two.wraps_data_parallel and two.steps_per_epoch == 68 and two.train_batch_size == 4
+    assert any("args._n_gpu = 2" in s for s in two.simulated)
+
+
+def test_quantized_model_refused_then_observed(demo):
+    model = load_pretrained(demo.qwen_base, quant="4bit")
+    observation = observe_trainer(model, 2)
+    assert "refuses" in observation.note
+    assert not observation.wraps_data_parallel and observation.train_batch_size == 4  # batch still doubled
+    assert not getattr(model, "_hf_peft_config_loaded", False)  # the flag was restored
+
+
+def test_replica_thread_runs_without_the_callers_autocast(demo):
+    prepared = prepare_model(resolve_target(str(demo.qwen_stage2), quant="4bit", setup="qlora_trl_legacy"))
+    inputs, how = sample_inputs(prepared.model, demo.qwen_stage1)
+    assert "image + text" in how and "pixel_values" in inputs
+    main, replica, bare = replica_forward_check(prepared.model, inputs, torch.bfloat16)
+    assert main.ok and main.autocast_active
+    assert not replica.autocast_active and not replica.ok and "BFloat16" in replica.error
+    assert not bare.ok
+
+
+def test_healthy_bf16_model_on_two_gpus_warns_and_stays_runnable(demo):
+    target = resolve_target(str(demo.qwen_base), gpus=2)
+    report = trainer_wrap_report(prepare_model(target), target)
+    finding = report.findings()[0]
+    assert finding.verdict == "warn" and "136 → 68" in finding.title
+    assert all(outcome.ok for outcome in report.replica)
+
+
+def test_planted_fp32_norm_before_bf16_head_fails(demo):
+    target = resolve_target(str(demo.qwen_base), gpus=2)
+    prepared = prepare_model(target)
+    prepared.model.model.language_model.norm.float()  # what older trl's casting did: norms fp32, lm_head bf16
+    finding = trainer_wrap_report(prepared, target).findings()[0]
+    assert finding.verdict == "fail"
+    assert "nn.DataParallel" in finding.title and "float != c10::BFloat16" in finding.detail
+    assert "_n_gpu = 1" in finding.fix
+
+
+def test_one_gpu_passes(demo):
+    target = resolve_target(str(demo.qwen_base), gpus=1)
+    report = trainer_wrap_report(prepare_model(target), target)
+    assert report.findings()[0].verdict == "pass" and report.replica == []
+
+
+def test_seeds_stage2_names_the_releases_that_crash(demo):
+    target = resolve_target(str(demo.qwen_stage2), gpus=2, quant="4bit", setup="qlora_trl_legacy")
+    finding = trainer_wrap_report(prepare_model(target), target).findings()[0]
+    assert finding.verdict == "warn" and "multiplied by 2" in finding.title
+    assert "4.30" in finding.detail and "float != c10::BFloat16" in finding.detail
+    assert "5.6" not in finding.detail.split("would wrap it:")[1].split(".")[0]

@@ -1,0 +1,69 @@
+"""What a DataParallel replica runs: a forward in a worker thread started inside the caller's autocast.
+
+Autocast state is thread-local, so a thread started under `torch.autocast(..., dtype=bf16)` runs without it;
+and from transformers 4.30 autocast reaches the model only through `accelerator.prepare(model)`, which the
+Trainer skips for a DataParallel-wrapped model. A model with fp32 norms or buffers then feeds fp32 activations to
+a bf16 matmul: `expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclasses.dataclass
+class ForwardOutcome:
+    scenario: str
+    ok: bool
+    autocast_active: bool  # was autocast enabled where the forward ran?
+    output_dtype: str | None = None
+    error: str | None = None
+
+    def as_row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _device_type(model: nn.Module) -> str:
+    for p in model.parameters():
+        if p.device.type != "meta":
+            return p.device.type
+    return "cpu"
+
+
+def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) -> ForwardOutcome:
+    active = torch.is_autocast_enabled(device_type)
+    try:
+        with torch.no_grad():
+            out = model(**inputs)
+        logits = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else out)
+        return ForwardOutcome(scenario, True, active, str(logits.dtype).removeprefix("torch."))
+    except Exception as exc:  # noqa: BLE001 - the failing forward is the evidence
+        return ForwardOutcome(scenario, False, active, None, f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+def replica_forward_check(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> list[ForwardOutcome]:
+    """Three forwards in training mode: main thread under autocast (a single-GPU Trainer), a worker thread started
+    under autocast (a DataParallel replica), the main thread with no autocast (a wrapped model in Trainer >= 4.30)."""
+    device_type = _device_type(model)
+    was_training = model.training
+    model.train()
+    outcomes: list[ForwardOutcome] = []
+    try:
+        with torch.autocast(device_type, dtype=compute_dtype):
+            outcomes.append(_forward(model, inputs, "main thread, autocast", device_type))
+            holder: list[ForwardOutcome] = []
+            worker = threading.Thread(
+                target=lambda: holder.append(_forward(model, inputs, "replica thread started under autocast",
+                                                      device_type)))
+            worker.start()
+            worker.join()
+            outcomes.append(holder[0])
+        outcomes.append(_forward(model, inputs, "main thread, no autocast", device_type))
+    finally:
+        model.train(was_training)
+    return outcomes
