@@ -18,7 +18,8 @@ from workbench.target import resolve_target
 CONTRACT_KEYS = {"schema_version", "run_id", "created", "target", "environment", "notebooks", "findings"}
 NOTEBOOK_01_CHECKS = {"checkpoint.integrity", "dtype.census", "dtype.quantized_census", "dtype.fp32_islands"}
 NOTEBOOK_02_CHECKS = {"parallel.trainer_wrap", "parallel.device_map"}
-ALL_CHECKS = NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS
+NOTEBOOK_03_CHECKS = {"peft.attributes", "peft.layer_status"}
+ALL_CHECKS = NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS
 
 
 def run_cli(*args, cwd=None, env=None):
@@ -52,7 +53,9 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(tmp_path):
     # transformers 5.23 does not wrap the 4-bit model, but doubles its batch; older releases crash in the replica
     wrap = next(f for f in report["findings"] if f["id"] == "parallel.trainer_wrap")
     assert wrap["verdict"] == "warn" and "136 → 68" in wrap["title"] and "BFloat16" in wrap["detail"]
-    assert [n["status"] for n in report["notebooks"]] == ["ok", "ok"]
+    assert [n["status"] for n in report["notebooks"]] == ["ok", "ok", "ok"]
+    assert verdicts["peft.attributes"] == "info" and verdicts["peft.layer_status"] in ("pass", "info")
+    assert "PeftModel.from_pretrained" in (folder / "03_peft_attributes.html").read_text()
     html = (folder / "01_dtype_distribution.html").read_text()
     assert "data:image/png;base64" in html and "<script src=\"http" not in html
     assert "rec.run(" not in html  # code hidden
@@ -83,6 +86,7 @@ def test_a_model_family_the_demo_does_not_use(tmp_path):
     verdicts = {f["id"]: f["verdict"] for f in report["findings"]}
     assert set(verdicts) == ALL_CHECKS and "error" not in verdicts.values()
     assert verdicts["parallel.trainer_wrap"] == "pass"  # one GPU
+    assert verdicts["peft.layer_status"] == "skip"  # a user set-up without an adapter
     census = next(f for f in report["findings"] if f["id"] == "dtype.census")
     assert set(census["evidence"]["parameters"]) == {"language"}  # tied lm_head: counted once, with wte
     assert {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()} == before  # nothing written into the checkpoint

@@ -55,7 +55,7 @@ def test_unknown_architecture(demo, copy_of):
         resolve_target(str(folder))
 
 
-@pytest.mark.parametrize("gpus", [0, -1, "two"])
+@pytest.mark.parametrize("gpus", [0, -1, "two", 1000])
 def test_gpu_count_must_be_positive(demo, gpus):
     with pytest.raises(UsageError, match="--gpus"):
         resolve_target(str(demo.llama), gpus=gpus)

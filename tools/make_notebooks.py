@@ -83,6 +83,20 @@ NOTEBOOKS = {
                               "`\"balanced\"` would give on the GPUs, predicted on the meta device."),
             new_code_cell("maps = rec.run(wb.device_map_report, prepared, target)\nmaps"),
         ]),
+    "03_peft_attributes": notebook(
+        "03_peft_attributes", "03 · PEFT attribute preservation",
+        ["peft.attributes", "peft.layer_status"],
+        [
+            new_markdown_cell("## What the Trainer reads, after each wrapping step\n"
+                              "Raw model → k-bit preparation → PEFT → Trainer (→ your set-up). `↪ forwarded` marks "
+                              "values reached only through `__getattr__`."),
+            new_code_cell("prepared = rec.run(wb.prepare_model, target)\n"
+                          "attributes = rec.run(wb.peft_attribute_report, prepared, target)\nattributes"),
+            new_markdown_cell("## Adapter layers, as PEFT reports them\n`get_model_status` / `get_layer_status`, "
+                              "plus what PEFT does not report: LoRA A/B dtypes against the base layer's compute "
+                              "dtype."),
+            new_code_cell("layers = rec.run(wb.peft_layer_status_report, prepared)\nlayers"),
+        ]),
 }
 
 

@@ -15,6 +15,7 @@ from workbench.inputs import load_vlm_parts, vlm_inputs
 from workbench.islands import fp32_islands
 from workbench.params import load_params
 from workbench.parallel_report import device_map_report, trainer_wrap_report
+from workbench.peft_report import peft_attribute_report, peft_layer_status_report
 from workbench.recorder import Failed, FindingsRecorder
 from workbench.runtime import quiet_and_offline
 from workbench.safetensors_header import read_header
@@ -41,6 +42,8 @@ __all__ = [
     "load_params",
     "load_vlm_parts",
     "loaded_census_report",
+    "peft_attribute_report",
+    "peft_layer_status_report",
     "predicted_quantized_census",
     "prepare_model",
     "quantized_census_report",

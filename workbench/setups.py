@@ -23,6 +23,19 @@ from workbench.loading import load_pretrained, load_processor, parse_dtype
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+def add_fresh_lora(model):
+    """A fresh LoRA on the attention/MLP projections (the seeds' r1 targets), or on every linear layer for
+    architectures that name them otherwise (GPT-2's c_attn, ...)."""
+    from peft import LoraConfig, get_peft_model
+
+    try:
+        return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS,
+                                                task_type="CAUSAL_LM"))
+    except ValueError:  # "Target modules ... not found in the base model"
+        return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                                task_type="CAUSAL_LM"))
+
+
 def _load(checkpoint, quant="none", dtype=None, device_map=None, max_memory=None, trust_remote_code=False, **_):
     return load_pretrained(checkpoint, quant=quant, dtype=parse_dtype(dtype), device_map=device_map,
                            max_memory=max_memory, trust_remote_code=trust_remote_code)
@@ -41,14 +54,13 @@ def plain(checkpoint: str, adapter: str | None = None, **options: Any):
 def qlora(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **options: Any):
     """The seeds' stage-2 recipe: 4-bit load, peft's prepare_model_for_kbit_training, LoRA on the language layers
     (the given adapter, trainable, or a fresh one on q/k/v/o/gate/up/down)."""
-    from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+    from peft import PeftModel, prepare_model_for_kbit_training
 
     model = _load(checkpoint, quant="4bit" if quant == "none" else quant, **options)
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
     if adapter:
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
-    config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    return add_fresh_lora(model)
 
 
 def legacy_trl_bf16_casting(model):

@@ -16,6 +16,7 @@ from workbench.errors import UsageError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 QUANTS = ("none", "4bit", "8bit")
+MAX_GPUS_PER_PROCESS = 64
 
 
 @dataclasses.dataclass
@@ -128,6 +129,9 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
         raise UsageError(f"--gpus {gpus!r}: expected a whole number of GPUs, 1 or more") from None
     if gpus < 1:
         raise UsageError(f"--gpus {gpus}: the training process must see at least 1 GPU to diagnose; use 1 or more")
+    if gpus > MAX_GPUS_PER_PROCESS:
+        raise UsageError(f"--gpus {gpus}: one training process sees the GPUs of one node (at most "
+                         f"{MAX_GPUS_PER_PROCESS}); for more, diagnose one node and launch with torchrun")
     folder = resolve_local(checkpoint, what="checkpoint")
     adapter_dir = None
     recorded = None

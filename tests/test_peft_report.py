@@ -1,0 +1,55 @@
+from workbench.peft_report import peft_attribute_report, peft_layer_status_report
+from workbench.setups import prepare_model
+from workbench.target import resolve_target
+
+
+def test_stage2_attributes_survive_and_forwarding_is_marked(demo):
+    target = resolve_target(str(demo.qwen_stage2), quant="4bit", setup="qlora", gpus=2)
+    report = peft_attribute_report(prepare_model(target), target)
+    steps = [s.step for s in report.snapshots]
+    assert steps == ["raw model", "prepare_model_for_kbit_training", "PeftModel.from_pretrained",
+                     "Trainer (n_gpu=2)"]
+    peft_step = report.snapshots[2]
+    assert peft_step.values["is_loaded_in_4bit"] == "True" and peft_step.how["is_loaded_in_4bit"] == "forwarded"
+    assert report.snapshots[1].values["is_gradient_checkpointing"] == "True"
+    assert report.findings()[0].verdict == "info"
+
+
+def test_a_wrapper_that_drops_attributes_fails(demo, tmp_path, monkeypatch):
+    (tmp_path / "wrapping_recipe.py").write_text(
+        "import torch\n"
+        "from workbench.setups import qlora\n"
+        "class Wrapper(torch.nn.Module):\n"
+        "    def __init__(self, inner):\n"
+        "        super().__init__()\n"
+        "        self.inner = inner\n"
+        "def load(checkpoint, adapter=None, **options):\n"
+        "    return Wrapper(qlora(checkpoint, adapter=adapter))\n")
+    monkeypatch.chdir(tmp_path)
+    target = resolve_target(str(demo.qwen_stage2), quant="4bit", setup="wrapping_recipe:load")
+    finding = peft_attribute_report(prepare_model(target), target).findings()[0]
+    assert finding.verdict == "fail"
+    assert "is_loaded_in_4bit" in finding.detail and "your set-up (wrapping_recipe:load)" in finding.detail
+
+
+def test_layer_status_from_peft(demo):
+    prepared = prepare_model(resolve_target(str(demo.qwen_stage2), quant="4bit", setup="qlora"))
+    report = peft_layer_status_report(prepared)
+    assert report.model_status["num_adapter_layers"] == 14 == len(report.layers)
+    assert all(r["A/B dtype"] == "float32" and r["base compute dtype"] == "bfloat16" for r in report.layers)
+    finding = report.findings()[0]
+    assert finding.verdict == "info" and "14 layer(s)" in finding.detail
+
+
+def test_irregular_requires_grad_warns(demo):
+    prepared = prepare_model(resolve_target(str(demo.qwen_stage2), quant="4bit", setup="qlora"))
+    for name, p in prepared.model.named_parameters():
+        if "layers.0.self_attn.q_proj.lora_" in name:
+            p.requires_grad_(False)
+    finding = peft_layer_status_report(prepared).findings()[0]
+    assert finding.verdict == "warn" and "requires_grad" in finding.title
+
+
+def test_no_adapter_is_a_skip(demo):
+    finding = peft_layer_status_report(prepare_model(resolve_target(str(demo.llama)))).findings()[0]
+    assert finding.verdict == "skip"
