@@ -12,7 +12,8 @@ from workbench.html import esc, findings_table, verdict_badge
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;width:100%;margin:0.5em 0}
-th,td{border-bottom:1px solid #ddd;padding:6px 8px;vertical-align:top;text-align:left;font-size:0.92em}
+th,td{border-bottom:1px solid #ddd;padding:6px 8px;vertical-align:top;text-align:left;font-size:0.92em;
+   overflow-wrap:anywhere}
 th{background:#f5f5f5} code{font-size:0.9em} pre{white-space:pre-wrap;font-size:0.8em;max-height:24em;overflow:auto}
 .summary{font-size:1.2em;margin:0.5em 0 1em}
 """
