@@ -33,8 +33,15 @@ $(STAMP): requirements.txt requirements.lock pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)" >/dev/null
 	touch $(STAMP)
 
+# The demo carries the seeds' defects on purpose: exit 1 ("something failed") is its expected outcome.
+# With a CKPT the exit code passes through unchanged (0 clean, 1 fail/error, 2 unusable input).
 diagnose: install
+ifeq ($(strip $(CKPT)),)
+	@$(PY) -m workbench diagnose $(DIAGNOSE_ARGS); rc=$$?; \
+	if [ $$rc -eq 1 ]; then echo "(the demo's planted defects were found, as intended: exit code 1)"; exit 0; fi; exit $$rc
+else
 	$(PY) -m workbench diagnose $(DIAGNOSE_ARGS)
+endif
 
 census: install
 	$(PY) -m workbench census $(CKPT)

@@ -26,5 +26,5 @@ def test_tiny_memory_offloads_and_warns(demo):
 
 def test_four_bit_refuses_cpu_entries(demo):
     prediction = predict_device_map(auto_config(demo.qwen_base), "auto", 2,
-                                    parse_max_memory("0=100KB,1=100KB,cpu=1GiB"), quant="4bit")
+                                    parse_max_memory("0=200KB,1=200KB,cpu=1GiB"), quant="4bit")
     assert prediction.error and "CPU or the disk" in prediction.error

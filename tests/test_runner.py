@@ -19,7 +19,8 @@ CONTRACT_KEYS = {"schema_version", "run_id", "created", "target", "environment",
 NOTEBOOK_01_CHECKS = {"checkpoint.integrity", "dtype.census", "dtype.quantized_census", "dtype.fp32_islands"}
 NOTEBOOK_02_CHECKS = {"parallel.trainer_wrap", "parallel.device_map"}
 NOTEBOOK_03_CHECKS = {"peft.attributes", "peft.layer_status"}
-ALL_CHECKS = NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS
+NOTEBOOK_04_CHECKS = {"grad.flow", "forward.mixed_precision_buffers", "forward.scenarios", "forward.dtype_flow"}
+ALL_CHECKS = NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOTEBOOK_04_CHECKS
 
 
 def run_cli(*args, cwd=None, env=None):
@@ -37,7 +38,7 @@ def only_report(reports: Path) -> Path:
 def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(tmp_path):
     # what `make diagnose` runs: no CKPT -> the demo's stage-2 adapter, 4-bit, QLoRA set-up, 2 GPUs
     result = run_cli("--reports-dir", tmp_path / "reports", env={"WORKBENCH_CACHE": str(tmp_path / "cache")})
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr  # the demo's planted crash is a `fail`
     demo = build_demo(tmp_path / "cache" / "demo")  # reused: the stamp matches
     folder = only_report(tmp_path / "reports")
     assert result.stdout.strip().splitlines()[-1] == f"report: {folder}"
@@ -53,7 +54,12 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(tmp_path):
     # transformers 5.23 does not wrap the 4-bit model, but doubles its batch; older releases crash in the replica
     wrap = next(f for f in report["findings"] if f["id"] == "parallel.trainer_wrap")
     assert wrap["verdict"] == "warn" and "136 → 68" in wrap["title"] and "BFloat16" in wrap["detail"]
-    assert [n["status"] for n in report["notebooks"]] == ["ok", "ok", "ok"]
+    assert [n["status"] for n in report["notebooks"]] == ["ok", "ok", "ok", "ok"]
+    # the seeds' configuration (fp32 norms, bf16 lm_head) fails without autocast and in the replica thread
+    assert verdicts["forward.scenarios"] == "fail" and verdicts["forward.dtype_flow"] == "fail"
+    flow = next(f for f in report["findings"] if f["id"] == "forward.dtype_flow")
+    assert "lm_head" in flow["title"] and "norm" in flow["title"]
+    assert verdicts["grad.flow"] == "pass"
     assert verdicts["peft.attributes"] == "info" and verdicts["peft.layer_status"] in ("pass", "info")
     assert "PeftModel.from_pretrained" in (folder / "03_peft_attributes.html").read_text()
     html = (folder / "01_dtype_distribution.html").read_text()

@@ -97,6 +97,22 @@ NOTEBOOKS = {
                               "dtype."),
             new_code_cell("layers = rec.run(wb.peft_layer_status_report, prepared)\nlayers"),
         ]),
+    "04_forward_checks": notebook(
+        "04_forward_checks", "04 · Forward, dtype flow and gradients",
+        ["grad.flow", "forward.mixed_precision_buffers", "forward.scenarios", "forward.dtype_flow"],
+        [
+            new_markdown_cell("## One training step: which trainable tensors get no gradient\n"
+                              "Runs first: bitsandbytes 0.50.2 repacks 4-bit weights on the CPU after an "
+                              "inference-mode forward, and a training step after that fails on the CPU only."),
+            new_code_cell("prepared = rec.run(wb.prepare_model, target)\n"
+                          "grads = rec.run(wb.grad_flow_report, prepared, target)\ngrads"),
+            new_markdown_cell("## FSDP-style mixed precision: parameters cast, buffers not"),
+            new_code_cell("buffers = rec.run(wb.mixed_precision_buffer_report, prepared, target)\nbuffers"),
+            new_markdown_cell("## The forward matrix and the dtype flow\n"
+                              "eval / train × no autocast / autocast / a replica thread started under autocast "
+                              "(× adapters on / off); the first failing cell is traced module by module."),
+            new_code_cell("forward = rec.run(wb.forward_scenarios_report, prepared, target)\nforward"),
+        ]),
 }
 
 

@@ -11,20 +11,25 @@ from workbench.dtype_report import (checkpoint_report, fp32_island_report, loade
                                     quantized_census_report)
 from workbench.errors import UsageError
 from workbench.findings import Finding
+from workbench.grad_flow import grad_flow_report
 from workbench.inputs import load_vlm_parts, vlm_inputs
 from workbench.islands import fp32_islands
+from workbench.mp_buffers import mixed_precision_buffer_report
+from workbench.tracer import DtypeTracer
 from workbench.params import load_params
 from workbench.parallel_report import device_map_report, trainer_wrap_report
 from workbench.peft_report import peft_attribute_report, peft_layer_status_report
 from workbench.recorder import Failed, FindingsRecorder
 from workbench.runtime import quiet_and_offline
 from workbench.safetensors_header import read_header
+from workbench.scenarios import forward_scenarios_report
 from workbench.setups import PreparedModel, prepare_model
 from workbench.target import Target, resolve_target
 
 __all__ = [
     "ComponentClassifier",
     "DtypeCensus",
+    "DtypeTracer",
     "Failed",
     "Finding",
     "FindingsRecorder",
@@ -36,12 +41,15 @@ __all__ = [
     "demo_arguments",
     "device_map_report",
     "dtype_census",
+    "forward_scenarios_report",
     "fp32_island_report",
     "fp32_islands",
+    "grad_flow_report",
     "inspect_checkpoint",
     "load_params",
     "load_vlm_parts",
     "loaded_census_report",
+    "mixed_precision_buffer_report",
     "peft_attribute_report",
     "peft_layer_status_report",
     "predicted_quantized_census",

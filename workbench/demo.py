@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-DEMO_VERSION = "1"
+DEMO_VERSION = "2"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
 CHAT_TEMPLATE = (
@@ -92,7 +92,9 @@ def _qwen_config(tokenizer):
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                          rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, tie_word_embeddings=False,
                          bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
+        # every quantizable layer at least 64 wide: bitsandbytes 0.50.2's CPU inference path repacks 4-bit weights
+        # per 64-value block and fails on narrower layers (no real model has them)
+        vision_config=dict(depth=2, embed_dim=64, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
                            spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
