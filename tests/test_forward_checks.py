@@ -96,3 +96,33 @@ def test_vlm_matrix_runs_on_image_and_text(demo):
 def test_names_are_normalized_across_wrappers():
     assert normalize_name("module.base_model.model.model.layers.0.q_proj.lora_A.default.weight") == \
         "model.layers.0.q_proj.lora_A.default.weight"
+
+
+def test_inputs_the_model_cannot_take_are_a_skip_with_the_parameter_to_use(demo, tmp_path):
+    from safetensors.torch import save_file
+
+    target = resolve_target(str(demo.llama))
+    prepared = prepare_model(target)
+    bad = tmp_path / "bad.safetensors"
+    save_file({"not_an_argument": torch.zeros(1, 4, dtype=torch.long)}, str(bad))
+    target.params["forward_inputs"] = str(bad)
+    found = verdicts(forward_scenarios_report(prepared, target))
+    assert found["forward.scenarios"].verdict == "skip" and "forward_inputs" in found["forward.scenarios"].fix
+    good = tmp_path / "good.safetensors"
+    save_file({"input_ids": torch.tensor([[1, 2, 3, 4]])}, str(good))
+    target.params["forward_inputs"] = str(good)
+    report = forward_scenarios_report(prepared, target)
+    assert "good.safetensors" in report.inputs_how and verdicts(report)["forward.scenarios"].verdict == "pass"
+
+
+def test_out_of_memory_is_an_error_that_says_so(demo):
+    target = resolve_target(str(demo.llama))
+    prepared = prepare_model(target)
+    layer = prepared.model.model.layers[0]
+
+    def exhausted(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    layer.forward = exhausted
+    found = verdicts(forward_scenarios_report(prepared, target))
+    assert found["forward.scenarios"].verdict == "error" and "out of memory" in found["forward.scenarios"].title

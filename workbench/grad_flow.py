@@ -149,7 +149,7 @@ def grad_flow_report(prepared, target) -> GradFlowReport:
     from workbench.scenarios import device_type_of, with_labels
 
     model = prepared.model
-    inputs, _how = sample_inputs(model, target.model_dir)
+    inputs, _how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
     inputs = with_labels(model, inputs)
     classifier = ComponentClassifier.from_model(model)
     was_training = model.training

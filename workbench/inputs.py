@@ -39,9 +39,11 @@ def vlm_inputs(tokenizer, image_processor, image, text: str, image_token: str = 
     return {**encoded, **vision, "mm_token_type_ids": mm_token_type_ids}
 
 
-def sample_inputs(model, folder: str | Path, text: str = "What is in this image?") -> tuple[dict, str]:
-    """Inputs that fit the model, and how they were made: image + text for a VLM whose checkpoint ships a
-    tokenizer and image processor (the seeds' red 224x224 test image), tokenized text, or random token ids."""
+def sample_inputs(model, folder: str | Path, text: str = "What is in this image?",
+                  inputs_file: str | None = None) -> tuple[dict, str]:
+    """Inputs that fit the model, and how they were made: the user's tensors (a safetensors file named by the
+    parameters' `forward_inputs`), image + text for a VLM whose checkpoint ships a tokenizer and image processor
+    (the seeds' red 224x224 test image), tokenized text, or random token ids."""
     import torch
     from PIL import Image
 
@@ -50,6 +52,11 @@ def sample_inputs(model, folder: str | Path, text: str = "What is in this image?
     inner, _ = unwrap_model(model)
     config = getattr(inner, "config", None)
     device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    if inputs_file:
+        from safetensors.torch import load_file
+
+        inputs = load_file(inputs_file)
+        return {k: v.to(device) for k, v in inputs.items()}, f"the tensors in {inputs_file} ({', '.join(inputs)})"
     tokenizer, image_processor = load_vlm_parts(folder)
     if getattr(config, "vision_config", None) is not None and tokenizer is not None and image_processor is not None:
         inputs = vlm_inputs(tokenizer, image_processor, Image.new("RGB", (224, 224), color="red"), text)

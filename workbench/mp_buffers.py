@@ -80,7 +80,7 @@ def mixed_precision_buffer_report(prepared, target) -> BufferReport:
                                 "component": classifier.component_of(f"{mod_name}.{short}"),
                                 "module_frozen": frozen, "rotary": short in ROTARY_BUFFERS})
     buffers.sort(key=lambda b: (b["rotary"], not b["module_frozen"], b["buffer"]))  # frozen modules first
-    inputs, _ = sample_inputs(model, target.model_dir)
+    inputs, _ = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
     inputs = with_labels(model, inputs)
     saved: dict[nn.Parameter, torch.dtype] = {}
     was_training = model.training

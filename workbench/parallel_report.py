@@ -166,7 +166,7 @@ def trainer_wrap_report(prepared, target) -> TrainerWrapReport:
     if headline.wraps_data_parallel or any(r["wraps_data_parallel"] for r in releases):
         from workbench.inputs import sample_inputs
 
-        inputs, _how = sample_inputs(model, target.model_dir)
+        inputs, _how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
         replica = replica_forward_check(model, inputs, compute_dtype_of(model))
     baseline = single_gpu_baseline(options["dataset_size"], options["per_device_batch"], options["accumulation"])
     installed = transformers.__version__

@@ -17,7 +17,9 @@ from workbench.errors import UsageError
 SCHEMA: dict[str, type] = {"components": dict, "real_quant_max_bytes": int, "compare": list,
                            # the training run notebook 02 simulates (the seeds': 272 samples, 2 per GPU -> 136 steps)
                            "dataset_size": int, "per_device_train_batch_size": int,
-                           "gradient_accumulation_steps": int}
+                           "gradient_accumulation_steps": int,
+                           # a safetensors file of forward inputs, for models whose inputs cannot be built
+                           "forward_inputs": str}
 
 
 def validate_params(data: Any, source: str = "parameters") -> dict[str, Any]:
@@ -56,4 +58,6 @@ def load_params(path: str | Path | None) -> dict[str, Any]:
     params = validate_params(data, str(path))
     if "compare" in params:  # relative to where the user runs from, not to the kernel's report folder
         params["compare"] = [str(Path(p).resolve()) for p in params["compare"]]
+    if "forward_inputs" in params:
+        params["forward_inputs"] = str(Path(params["forward_inputs"]).resolve())
     return params

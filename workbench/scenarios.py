@@ -143,14 +143,35 @@ class ForwardReport:
     diagnosis: dict[str, Any] | None
     flow: list[dict[str, Any]]
     failing_module: str | None = None  # innermost module that raised in the traced cell
+    layers_ran: bool = True  # did any module holding a weight finish in the traced cell?
 
     def to_frame(self):
         import pandas as pd
 
         return pd.DataFrame([c.as_row() for c in self.cells])
 
+    def inputs_unusable(self) -> bool:
+        """Every cell fails the same way inside the top-level forward with a TypeError/ValueError: the model wants
+        inputs we did not build, rather than computing wrongly."""
+        errors = {c.error for c in self.cells}
+        return (bool(self.cells) and all(not c.ok for c in self.cells) and len(errors) == 1
+                and next(iter(errors)).startswith(("TypeError", "ValueError")) and not self.layers_ran)
+
     def findings(self) -> list[Finding]:
         failed = [c for c in self.cells if not c.ok or c.nonfinite]
+        if self.inputs_unusable():
+            why = (f"Every forward fails before any layer runs: {self.cells[0].error}. The inputs the workbench "
+                   f"built ({self.inputs_how}) do not fit this model.")
+            fix = ("Save one batch as safetensors (safetensors.torch.save_file(batch, 'inputs.safetensors')) and pass "
+                   "it with `forward_inputs: inputs.safetensors` in a --params file.")
+            return [Finding(i, "skip", "The forward needs inputs the workbench cannot build", why,
+                            {"inputs": self.inputs_how}, fix) for i in ("forward.scenarios", "forward.dtype_flow")]
+        out_of_memory = [c for c in failed if (c.error or "").startswith("out of memory")]
+        if out_of_memory:
+            return [Finding(i, "error", "The forward ran out of memory", out_of_memory[0].error or "",
+                            {"cells": [c.as_row() for c in out_of_memory]},
+                            "Memory was freed; diagnose with a smaller input, 4-bit, or more GPU memory.")
+                    for i in ("forward.scenarios", "forward.dtype_flow")]
         evidence = {"inputs": self.inputs_how, "compute_dtype": self.compute_dtype,
                     "cells": [c.as_row() for c in self.cells]}
         fix = fix_for(self.diagnosis)
@@ -236,7 +257,7 @@ def forward_scenarios_report(prepared, target) -> ForwardReport:
 
     model = prepared.model
     compute = compute_dtype_of(model)
-    inputs, how = sample_inputs(model, target.model_dir)
+    inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
     inputs = with_labels(model, inputs)
     cells = run_matrix(model, inputs, compute)
     failing = next((c for c in cells if not c.ok), None)
@@ -252,4 +273,5 @@ def forward_scenarios_report(prepared, target) -> ForwardReport:
         model.train(was_training)
     failing_call = tracer.failing_call()
     return ForwardReport(cells, how, str(compute).removeprefix("torch."), chosen.label, tracer.diagnosis(),
-                         tracer.flow(), failing_call.path if failing_call else None)
+                         tracer.flow(), failing_call.path if failing_call else None,
+                         any(c.weight is not None and c.outputs is not None for c in tracer.calls))
