@@ -19,6 +19,7 @@ max_memory = ""
 dtype = "auto"
 params_json = "{}"    # contents of the --params file
 trust_remote_code = False
+allow_pickle = False
 findings_path = "findings.{name}.json"'''
 
 OPEN_TARGET = '''import workbench as wb
@@ -30,7 +31,7 @@ if not checkpoint:  # interactive use without a checkpoint: the demo, as `make d
 rec = wb.FindingsRecorder(findings_path, notebook="{name}")
 target = wb.resolve_target(checkpoint, adapter=adapter, base=base, quant=quant, gpus=gpus, setup=setup,
                            device_map=device_map, max_memory=max_memory, dtype=dtype, params_json=params_json,
-                           trust_remote_code=trust_remote_code)
+                           trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
 target'''
 
 

@@ -202,7 +202,7 @@ def static_census(inspection: CheckpointInspection, classify: Callable[[str], st
         for t in header.tensors:
             name = map_key(t.name)
             component = classify(name) if classify else "other"
-            if classify and component == "other" and name == t.name and "." in name:
+            if classify and component == "other" and name == t.name:
                 unmapped.append(t.name)
             row = totals[(component, t.dtype)]
             row[0] += 1

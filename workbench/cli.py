@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import contextlib
 import json
 import os
@@ -34,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--reports-dir", default="reports", help="where reports go (default: reports/)")
     d.add_argument("--notebooks", nargs="*", help="only these notebooks (by number or name prefix)")
     d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
+    d.add_argument("--allow-pickle", action="store_true",
+                   help="load pickle weights (.bin) with torch.load(weights_only=True); refused by default")
+    d.add_argument("--cell-timeout", type=int, default=1800,
+                   help="seconds one notebook cell may run before it is stopped and marked error (default 1800)")
 
     c = sub.add_parser("census", help="dtype census from safetensors headers alone (no weight is read)")
     c.add_argument("checkpoint")
@@ -91,8 +96,12 @@ def cmd_diagnose(args) -> int:
         params = {**json.loads(demo.params_json), **params}
     target = resolve_target(checkpoint, adapter=args.adapter, base=args.base, quant=quant or "none", gpus=gpus,
                             setup=setup, params=params, device_map=args.device_map,
-                            max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
-    folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=args.notebooks)
+                            max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+                            allow_pickle=args.allow_pickle)
+    if args.cell_timeout < 1:
+        raise UsageError(f"--cell-timeout {args.cell_timeout}: use a number of seconds, 1 or more")
+    folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=args.notebooks,
+                                cell_timeout=args.cell_timeout)
     for f in findings:
         if f.verdict in ("fail", "error"):
             print(f"{f.verdict}: {f.id}: {f.title}")
@@ -110,11 +119,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted: no report was completed (a partial one, if any, is a hidden .partial folder)",
+              file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
+            print(f"error: cannot write {exc.filename or 'the report'} ({exc.strerror}); free some space or pass "
+                  "a writable --reports-dir", file=sys.stderr)
+            return 2
+        return _crash(exc)
     except Exception as exc:  # noqa: BLE001 - a bug of ours: one line on the terminal, the traceback in a log
-        log = Path(os.environ.get("TMPDIR", "/tmp")) / f"workbench-crash-{os.getpid()}.log"
-        with contextlib.suppress(OSError):
-            log.write_text("".join(traceback.format_exception(exc)))
-        print(f"error: the workbench crashed ({type(exc).__name__}: {exc}); traceback in {log}", file=sys.stderr)
-        return 2
+        return _crash(exc)
+
+
+def _crash(exc: BaseException) -> int:
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"workbench-crash-{os.getpid()}.log"
+    with contextlib.suppress(OSError):
+        log.write_text("".join(traceback.format_exception(exc)))
+    print(f"error: the workbench crashed ({type(exc).__name__}: {exc}); traceback in {log}", file=sys.stderr)
+    return 2

@@ -20,6 +20,18 @@ def redact(name: str, value: str) -> str:
     return "***redacted***" if SECRET_NAME.search(name) else value
 
 
+def secret_values() -> list[str]:
+    """Values of environment variables whose names look secret (tokens, keys, passwords), longest first."""
+    values = {v for k, v in os.environ.items() if SECRET_NAME.search(k) and len(v) >= 6}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: list[str] | None = None) -> str:
+    for value in secrets if secrets is not None else secret_values():
+        text = text.replace(value, "***redacted***")
+    return text
+
+
 def library_versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
     for lib in LIBRARIES:

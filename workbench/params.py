@@ -19,7 +19,9 @@ SCHEMA: dict[str, type] = {"components": dict, "real_quant_max_bytes": int, "com
                            "dataset_size": int, "per_device_train_batch_size": int,
                            "gradient_accumulation_steps": int,
                            # a safetensors file of forward inputs, for models whose inputs cannot be built
-                           "forward_inputs": str}
+                           "forward_inputs": str,
+                           # refuse to load above this many bytes instead of the machine's available memory
+                           "memory_limit_bytes": int}
 
 
 def validate_params(data: Any, source: str = "parameters") -> dict[str, Any]:

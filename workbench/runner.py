@@ -100,7 +100,8 @@ def export_html(executed: Path, html_path: Path) -> None:
     html_path.write_text(body)
 
 
-def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kernel: str) -> NotebookRun:
+def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kernel: str,
+                 cell_timeout: int | None = None) -> NotebookRun:
     import papermill as pm
 
     executed = folder / f"{notebook.stem}.ipynb"
@@ -109,7 +110,7 @@ def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kerne
     try:
         pm.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel,
                             cwd=str(folder), progress_bar=False, log_output=False, report_mode=False,
-                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"], execution_timeout=cell_timeout)
     except Exception as exc:  # noqa: BLE001 - PapermillExecutionError and kernel deaths alike: failure as artifact
         error = f"{type(exc).__name__}: {getattr(exc, 'evalue', None) or str(exc).strip().splitlines()[-1:]}"
     seconds = time.monotonic() - start
@@ -157,12 +158,28 @@ def notebook_parameters(target: Target, extra: dict[str, Any] | None = None) -> 
         str(target.device_map or ""),
         "max_memory": ",".join(f"{k}={v}" for k, v in (target.max_memory or {}).items()),
         "dtype": target.dtype, "params_json": json.dumps(target.params),
-        "trust_remote_code": target.trust_remote_code, **(extra or {}),
+        "trust_remote_code": target.trust_remote_code, "allow_pickle": target.allow_pickle, **(extra or {}),
     }
 
 
+def redact_report(folder: Path) -> None:
+    """Secrets from the environment must not leave the machine inside a shared report (tracebacks included)."""
+    from workbench.environment import redact_text, secret_values
+
+    secrets = secret_values()
+    if not secrets:
+        return
+    for path in folder.iterdir():
+        if path.suffix in (".html", ".json", ".ipynb") and path.is_file():
+            text = path.read_text(errors="replace")
+            cleaned = redact_text(text, secrets)
+            if cleaned != text:
+                path.write_text(cleaned)
+
+
 def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
-             echo: Callable[[str], None] = print, notebook_dir: Path = NOTEBOOK_DIR) -> tuple[Path, list[Finding]]:
+             echo: Callable[[str], None] = print, notebook_dir: Path = NOTEBOOK_DIR,
+             cell_timeout: int | None = 1800) -> tuple[Path, list[Finding]]:
     kernel_python = ensure_kernel()
     # kernels inherit the environment: keep the user's folder importable for --setup module:function
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
@@ -176,7 +193,7 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
     for i, notebook in enumerate(notebooks, 1):
         echo(f"[{i}/{len(notebooks)}] {notebook.stem} ...")
         run = run_notebook(notebook, temp, {**parameters, "findings_path": f"findings.{notebook.stem}.json"},
-                           KERNEL_NAME)
+                           KERNEL_NAME, cell_timeout)
         nb_findings = collect_findings(temp, notebook, run)
         findings.extend(nb_findings)
         runs.append(run)
@@ -196,6 +213,7 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
     from workbench.index_page import write_index
 
     write_index(temp, report)
+    redact_report(temp)
     os.replace(temp, final)
     return final, findings
 

@@ -3,7 +3,7 @@
 A set-up is a callable `fn(checkpoint=PATH, **options) -> model | (model, processor)` that prepares the model
 exactly as a training script does. Built-ins cover the common cases; `--setup my_pkg.train:load_model` runs the
 user's own `load_model_for_recipe()`. Options passed: adapter, quant, dtype, device_map, max_memory,
-trust_remote_code (a user set-up may ignore them, hence **options).
+trust_remote_code, allow_pickle (a user set-up may ignore them, hence **options).
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ def add_fresh_lora(model):
                                                 task_type="CAUSAL_LM"))
 
 
-def _load(checkpoint, quant="none", dtype=None, device_map=None, max_memory=None, trust_remote_code=False, **_):
+def _load(checkpoint, quant="none", dtype=None, device_map=None, max_memory=None, trust_remote_code=False,
+          allow_pickle=False, **_):
     return load_pretrained(checkpoint, quant=quant, dtype=parse_dtype(dtype), device_map=device_map,
-                           max_memory=max_memory, trust_remote_code=trust_remote_code)
+                           max_memory=max_memory, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
 
 
 def plain(checkpoint: str, adapter: str | None = None, **options: Any):
@@ -158,10 +159,14 @@ class PreparedModel:
 
 def prepare_model(target) -> PreparedModel:
     """Run the target's set-up and return what it prepared."""
+    from workbench.resources import check_fits
+
     func = resolve_setup(target.setup)
+    if not target.device_map:  # an explicit device map may offload what does not fit
+        check_fits(target)
     options = dict(adapter=str(target.adapter_dir) if target.adapter_dir else None, quant=target.quant,
                    dtype=target.dtype, device_map=target.device_map, max_memory=target.max_memory,
-                   trust_remote_code=target.trust_remote_code)
+                   trust_remote_code=target.trust_remote_code, allow_pickle=target.allow_pickle)
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(func).parameters.values())
     if not accepts_any:
         allowed = set(inspect.signature(func).parameters)

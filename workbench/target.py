@@ -35,6 +35,7 @@ class Target:
     max_memory: dict | None = None
     dtype: str = "auto"
     trust_remote_code: bool = False
+    allow_pickle: bool = False
     adapter_arg: str | None = None  # --adapter and --base as given, for re-resolving in a notebook kernel
     base_arg: str | None = None
 
@@ -113,7 +114,8 @@ def parse_device_map(spec: str | dict | None) -> Any:
 def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | None = None, quant: str = "none",
                    gpus: int | str = 1, setup: str | None = None, params: dict | None = None,
                    device_map: Any = None, max_memory: Any = None, dtype: str = "auto",
-                   trust_remote_code: bool = False, params_json: str | None = None) -> Target:
+                   trust_remote_code: bool = False, params_json: str | None = None,
+                   allow_pickle: bool = False) -> Target:
     """Resolve the user's arguments into a Target; every unusable input raises UsageError (exit 2)."""
     from workbench.checkpoint import inspect_checkpoint
 
@@ -170,6 +172,10 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
     if not inspection.headers and not inspection.pickle_files:
         raise UsageError(f"{model_dir} holds config.json but no weights (model.safetensors or its shards); "
                          "copy the weight files in, or point at the folder that has them")
+    if not inspection.headers and not allow_pickle:
+        raise UsageError(f"{model_dir} holds only pickle weights ({', '.join(inspection.pickle_files)}); the "
+                         "workbench does not unpickle checkpoints unless asked: convert them to safetensors, or pass "
+                         "--allow-pickle (transformers then loads them with torch.load(weights_only=True))")
     from workbench.setups import resolve_setup
 
     resolve_setup(setup)  # a --setup that does not import fails here, before any notebook starts
@@ -181,4 +187,5 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                   base_source=base_source, recorded_base=recorded, quant=quant, gpus=gpus, setup=setup or "plain",
                   params=params or {}, device_map=parse_device_map(device_map),
                   max_memory=parse_max_memory(max_memory), dtype=dtype or "auto",
-                  trust_remote_code=trust_remote_code, adapter_arg=adapter or None, base_arg=base or None)
+                  trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, adapter_arg=adapter or None,
+                  base_arg=base or None)

@@ -1,0 +1,235 @@
+"""Bad input, untrusted checkpoints, secrets, resource limits: the workbench never makes matters worse."""
+
+import errno
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nbformat.v4 import new_code_cell, new_notebook
+
+from workbench import cli
+from workbench.errors import UsageError
+from workbench.params import validate_params
+from workbench.resources import ResourceError
+from workbench.runner import diagnose
+from workbench.safetensors_header import HeaderError, read_header
+from workbench.setups import prepare_model
+from workbench.target import resolve_target
+
+
+def run_cli(*args, env=None, cwd=None):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True,
+                          timeout=900, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def tree_hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def tiny_gpt2(folder: Path) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)).save_pretrained(folder)
+    return folder
+
+
+# ---------- bad input ----------
+
+def test_weights_without_config(tmp_path, demo):
+    (tmp_path / "model.safetensors").write_bytes((demo.qwen_base / "model.safetensors").read_bytes())
+    with pytest.raises(UsageError, match="neither config.json nor adapter_config.json"):
+        resolve_target(str(tmp_path))
+
+
+def test_adapter_folder_without_adapter_config(demo, tmp_path):
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"x")
+    with pytest.raises(UsageError, match="no adapter_config.json"):
+        resolve_target(str(demo.qwen_stage1), adapter=str(tmp_path))
+
+
+def test_a_setup_that_raises_still_gives_a_report(demo, tmp_path):
+    (tmp_path / "broken_recipe.py").write_text("def load(checkpoint, **options):\n"
+                                               "    raise RuntimeError('recipe exploded')\n")
+    result = run_cli("diagnose", demo.llama, "--setup", "broken_recipe:load", "--notebooks", "01",
+                     "--reports-dir", tmp_path / "reports", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    report = json.loads(next((tmp_path / "reports").glob("*/*/findings.json")).read_text())
+    census = next(f for f in report["findings"] if f["id"] == "dtype.census")
+    assert census["verdict"] == "error" and "recipe exploded" in census["detail"]
+
+
+def test_a_full_disk_is_one_line_and_exit_2(demo, tmp_path, monkeypatch, capsys):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "findings.json"))
+
+    monkeypatch.setattr("workbench.runner.write_json_atomic", full)
+    monkeypatch.setattr("workbench.runner.run_notebook",
+                        lambda nb, folder, params, kernel, timeout: __import__("workbench.runner").runner.NotebookRun(
+                            nb.stem, "ok", None, 0.0))
+    code = cli.main(["diagnose", str(demo.llama), "--reports-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left on device" in err and "free some space" in err
+    assert len(err.strip().splitlines()) == 1 and "crashed" not in err
+
+
+# ---------- untrusted checkpoints ----------
+
+def test_pickle_only_checkpoints_are_refused_unless_allowed(tmp_path):
+    folder = tiny_gpt2(tmp_path / "gpt2-bin")
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    with pytest.raises(UsageError, match="only pickle weights.*--allow-pickle"):
+        resolve_target(str(folder))
+    target = resolve_target(str(folder), allow_pickle=True)
+    assert prepare_model(target).model.transformer.h[0] is not None  # loaded with torch.load(weights_only=True)
+
+
+def test_remote_code_is_refused_without_the_flag(demo, copy_of):
+    folder = copy_of(demo.llama)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="evil_model", auto_map={"AutoModelForCausalLM": "modeling_evil.EvilModel"})
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "modeling_evil.py").write_text("raise SystemExit('remote code ran')\n")
+    result = run_cli("diagnose", folder)
+    assert result.returncode == 2 and "--trust-remote-code" in result.stderr
+    assert "remote code ran" not in result.stdout + result.stderr
+
+
+def test_strings_from_the_checkpoint_are_escaped_in_every_html(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tiny_gpt2(tmp_path / "ckpt-<img src=x onerror=alert(2)>")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["<script>alert(1)</script>"] = torch.zeros(2)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    result = run_cli("diagnose", folder, "--notebooks", "01", "--reports-dir", tmp_path / "reports")
+    assert result.returncode in (0, 1), result.stderr
+    pages = list((tmp_path / "reports").glob("*/*/*.html"))
+    assert len(pages) == 2
+    for page in pages:
+        text = page.read_text()
+        assert "<script>alert(1)" not in text and "<img src=x" not in text, page.name
+    notebook_html = (pages[0].parent / "01_dtype_distribution.html").read_text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in notebook_html  # shown, as text
+    assert "&lt;img src=x onerror=alert(2)&gt;" in notebook_html
+
+
+# ---------- nothing lost, nothing touched ----------
+
+def test_checkpoint_folders_are_byte_identical_after_a_diagnosis(demo, tmp_path):
+    before = {f: tree_hashes(f) for f in (demo.qwen_stage1, demo.qwen_stage2)}
+    result = run_cli("diagnose", demo.qwen_stage2, "--quant", "4bit", "--setup", "qlora", "--notebooks", "01", "03",
+                     "--reports-dir", tmp_path)
+    assert result.returncode in (0, 1), result.stderr
+    assert {f: tree_hashes(f) for f in before} == before
+
+
+def test_an_interrupted_run_leaves_no_report_that_looks_whole(demo, tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("workbench.runner.run_notebook", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        diagnose(resolve_target(str(demo.llama)), reports_dir=tmp_path, echo=lambda line: None)
+    day = next(tmp_path.iterdir())
+    assert [p.name.startswith(".") and p.name.endswith(".partial") for p in day.iterdir()] == [True]
+
+
+def test_a_cell_that_hangs_is_stopped_and_the_next_notebook_runs(demo, tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    for name, body in [("01_hang", "import time\ntime.sleep(60)"), ("02_ok", "x = 1")]:
+        nb = new_notebook()
+        params = new_code_cell("checkpoint = ''\nfindings_path = 'x.json'")
+        params.metadata["tags"] = ["parameters"]
+        nb.cells = [params, new_code_cell(body)]
+        nb.metadata["kernelspec"] = {"name": "workbench", "display_name": "workbench", "language": "python"}
+        nb.metadata["workbench"] = {"checks": [f"{name}.check"]}
+        nbformat.write(nb, notebooks / f"{name}.ipynb")
+    folder, findings = diagnose(resolve_target(str(demo.llama)), reports_dir=tmp_path / "r", notebook_dir=notebooks,
+                                echo=lambda line: None, cell_timeout=3)
+    report = json.loads((folder / "findings.json").read_text())
+    assert [n["status"] for n in report["notebooks"]] == ["error", "ok"]
+    assert report["notebooks"][0]["seconds"] < 40 and "Timeout" in report["notebooks"][0]["error"]
+
+
+# ---------- secrets ----------
+
+def test_tokens_never_reach_the_report(demo, tmp_path):
+    token = "hf_SuperSecretToken1234567"
+    (tmp_path / "leaky_recipe.py").write_text(
+        "import os\ndef load(checkpoint, **options):\n"
+        "    raise RuntimeError('auth failed with ' + os.environ['HF_TOKEN'])\n")
+    result = run_cli("diagnose", demo.llama, "--setup", "leaky_recipe:load", "--notebooks", "01",
+                     "--reports-dir", tmp_path / "reports", env={"HF_TOKEN": token, "WANDB_API_KEY": "wandb-k3y-000"},
+                     cwd=tmp_path)
+    assert result.returncode == 1
+    report_dir = next((tmp_path / "reports").glob("*/*"))
+    for path in report_dir.iterdir():
+        text = path.read_text(errors="replace")
+        assert token not in text and "wandb-k3y-000" not in text, path.name
+    assert "***redacted***" in (report_dir / "findings.json").read_text()
+
+
+# ---------- resource limits ----------
+
+def test_a_model_too_big_for_memory_is_refused_with_numbers(demo):
+    target = resolve_target(str(demo.qwen_stage1), params={"memory_limit_bytes": 100_000})
+    with pytest.raises(ResourceError, match=r"needs about 0\.00 GB.*memory_limit_bytes.*not loaded"):
+        prepare_model(target)
+    four_bit = resolve_target(str(demo.qwen_stage1), quant="4bit", params={"memory_limit_bytes": 10_000_000})
+    assert prepare_model(four_bit).model is not None
+
+
+# ---------- fuzz ----------
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=200))
+def test_fuzz_header_bytes_never_crash(tmp_path, data):
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(data)
+    try:
+        read_header(path)
+    except HeaderError:
+        pass
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                      max_size=3), max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+def test_fuzz_structured_headers_never_crash(tmp_path, header):
+    raw = json.dumps(header).encode()
+    path = tmp_path / "g.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0" * 16)
+    try:
+        read_header(path)
+    except HeaderError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["components", "compare", "real_quant_max_bytes", "dataset_size", "other"]),
+                       json_values, max_size=4))
+def test_fuzz_parameter_files_never_crash(data):
+    try:
+        validate_params(data)
+    except UsageError:
+        pass

@@ -1,0 +1,56 @@
+"""Refuse, before loading, a model that cannot fit: the numbers come from the safetensors headers (and, for 4-bit
+and 8-bit, the meta-device prediction), not from the OOM killer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+class ResourceError(RuntimeError):
+    """The load would not fit; the message carries both numbers."""
+
+
+def available_bytes() -> tuple[int, str]:
+    """Free memory where the weights will land: the GPUs' free memory, else the machine's MemAvailable."""
+    if torch.cuda.is_available():
+        free = sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+        return free, f"free memory on {torch.cuda.device_count()} GPU(s)"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "MemAvailable of this machine"
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), "available physical pages"
+
+
+def estimated_load_bytes(target) -> int:
+    """Bytes the loaded weights will take: quantized per the meta prediction, else as stored in the headers."""
+    from workbench.checkpoint import inspect_checkpoint
+
+    folders = [target.model_dir] + ([target.adapter_dir] if target.adapter_dir else [])
+    stored = sum(inspect_checkpoint(f).weight_bytes for f in folders)
+    if target.quant in ("4bit", "8bit"):
+        from workbench.census import predicted_quantized_census
+        from workbench.loading import auto_config
+
+        census = predicted_quantized_census(auto_config(target.model_dir, trust_remote_code=target.trust_remote_code),
+                                            target.quant)
+        return sum(r["bytes"] for r in census.rows) + (stored - inspect_checkpoint(target.model_dir).weight_bytes)
+    return stored
+
+
+def check_fits(target) -> None:
+    """Raise ResourceError when the weights would not fit (90 % of what is available, or params' memory_limit)."""
+    need = estimated_load_bytes(target)
+    limit = target.params.get("memory_limit_bytes")
+    have, where = (int(limit), "memory_limit_bytes in the parameters") if limit else available_bytes()
+    if need > 0.9 * have:
+        raise ResourceError(
+            f"loading needs about {need / 1e9:.2f} GB of weights ({target.quant}) but {where} is "
+            f"{have / 1e9:.2f} GB; not loaded. Use --quant 4bit, a machine with more memory, or a device map "
+            "that offloads (--device-map auto --max-memory ...)")
