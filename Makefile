@@ -21,7 +21,7 @@ DIAGNOSE_ARGS := $(CKPT) \
 	$(if $(DEVICE_MAP),--device-map $(DEVICE_MAP)) $(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY)) \
 	--reports-dir $(REPORTS)
 
-.PHONY: install diagnose census demo test lab notebooks clean
+.PHONY: install diagnose census demo test lab notebooks bench clean
 
 install: $(STAMP)
 
@@ -51,6 +51,9 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+bench: install
+	$(PY) bench/run.py
 
 lab: install
 	$(PY) -m jupyter lab --notebook-dir=notebooks

@@ -1,11 +1,11 @@
-from workbench.peft_report import peft_attribute_report, peft_layer_status_report
+from workbench.peft_report import peft_attribute_report, peft_layer_status_report, with_setup_attributes
 from workbench.setups import prepare_model
 from workbench.target import resolve_target
 
 
 def test_stage2_attributes_survive_and_forwarding_is_marked(demo):
     target = resolve_target(str(demo.qwen_stage2), quant="4bit", setup="qlora", gpus=2)
-    report = peft_attribute_report(prepare_model(target), target)
+    report = peft_attribute_report(target)
     steps = [s.step for s in report.snapshots]
     assert steps == ["raw model", "prepare_model_for_kbit_training", "PeftModel.from_pretrained",
                      "Trainer (n_gpu=2)"]
@@ -27,7 +27,9 @@ def test_a_wrapper_that_drops_attributes_fails(demo, tmp_path, monkeypatch):
         "    return Wrapper(qlora(checkpoint, adapter=adapter))\n")
     monkeypatch.chdir(tmp_path)
     target = resolve_target(str(demo.qwen_stage2), quant="4bit", setup="wrapping_recipe:load")
-    finding = peft_attribute_report(prepare_model(target), target).findings()[0]
+    chain = peft_attribute_report(target)
+    assert chain.findings()[0].verdict == "info"  # the standard chain keeps everything
+    finding = with_setup_attributes(chain, prepare_model(target), target).findings()[0]
     assert finding.verdict == "fail"
     assert "is_loaded_in_4bit" in finding.detail and "your set-up (wrapping_recipe:load)" in finding.detail
 

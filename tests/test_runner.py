@@ -135,3 +135,20 @@ def test_report_folders_never_collide(tmp_path):
     second_temp, second = new_report_folder(tmp_path, "demo", now)
     assert first != second and first.name == "103000-demo" and second.name == "103000-demo-2"
     assert first.parent.name == "2026-11-22" and second_temp.name.endswith(".partial")
+
+
+def test_notebooks_run_side_by_side_only_when_two_copies_fit_easily(demo, monkeypatch):
+    import os
+
+    target = resolve_target(str(demo.llama))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("workbench.resources.available_bytes", lambda: (16 * 1024**3, "test"))
+    from workbench.runner import parallel_jobs
+
+    assert parallel_jobs(target, 4) == 2
+    assert parallel_jobs(target, 1) == 1
+    monkeypatch.setattr("workbench.resources.estimated_load_bytes", lambda t: 3 * 1024**3)  # a 3 GB model
+    assert parallel_jobs(target, 4) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr("workbench.resources.estimated_load_bytes", lambda t: 1000)
+    assert parallel_jobs(target, 4) == 1

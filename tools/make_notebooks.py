@@ -56,16 +56,19 @@ NOTEBOOKS = {
             new_markdown_cell("## Checkpoint files and their census from the safetensors headers\n"
                               "No weight is loaded: dtypes, shapes and bytes per component come from the headers."),
             new_code_cell("static = rec.run(wb.checkpoint_report, target)\nstatic"),
+            new_markdown_cell("## Under 4-bit and 8-bit\nPredicted on the meta device by transformers' own "
+                              "bitsandbytes quantizer; verified by a real load (each freed before the next) when the "
+                              "checkpoint is small."),
+            new_code_cell("quantized = rec.run(wb.quantized_census_report, target, None, static or None,\n"
+                          "    real_max_bytes=target.params.get('real_quant_max_bytes', 2 * 1024**3),\n"
+                          "    compare=target.params.get('compare', []))"),
             new_markdown_cell("## The model as the set-up prepares it\n"
                               "Parameters **and** buffers, per component found from the model's structure."),
             new_code_cell("prepared = rec.run(wb.prepare_model, target)\n"
                           "census = rec.run(wb.loaded_census_report, prepared, target, static or None)\n"
                           "display(prepared)\ncensus"),
-            new_markdown_cell("## Under 4-bit and 8-bit\nPredicted on the meta device by transformers' own "
-                              "bitsandbytes quantizer; verified by a real load when the checkpoint is small."),
-            new_code_cell("quantized = rec.run(wb.quantized_census_report, target, census or None, static or None,\n"
-                          "    real_max_bytes=target.params.get('real_quant_max_bytes', 2 * 1024**3),\n"
-                          "    compare=target.params.get('compare', []))\nquantized"),
+            new_markdown_cell("### All scenarios side by side (the seeds' comparison table)"),
+            new_code_cell("rec.run(wb.with_loaded_row, quantized, census)"),
             new_markdown_cell("## fp32 islands\nFloating tensors whose dtype differs from the compute dtype, "
                               "frozen modules and buffers first; intentional ones are marked."),
             new_code_cell("islands = rec.run(wb.fp32_island_report, prepared, target)\nislands"),
@@ -91,8 +94,9 @@ NOTEBOOKS = {
             new_markdown_cell("## What the Trainer reads, after each wrapping step\n"
                               "Raw model → k-bit preparation → PEFT → Trainer (→ your set-up). `↪ forwarded` marks "
                               "values reached only through `__getattr__`."),
-            new_code_cell("prepared = rec.run(wb.prepare_model, target)\n"
-                          "attributes = rec.run(wb.peft_attribute_report, prepared, target)\nattributes"),
+            new_code_cell("attributes = rec.run(wb.peft_attribute_report, target)  # loads, walks the chain, frees\n"
+                          "prepared = rec.run(wb.prepare_model, target)\n"
+                          "attributes = rec.run(wb.with_setup_attributes, attributes, prepared, target)\nattributes"),
             new_markdown_cell("## Adapter layers, as PEFT reports them\n`get_model_status` / `get_layer_status`, "
                               "plus what PEFT does not report: LoRA A/B dtypes against the base layer's compute "
                               "dtype."),

@@ -8,7 +8,7 @@ from workbench.checkpoint import inspect_checkpoint, static_census
 from workbench.components import ComponentClassifier
 from workbench.demo import build_demo, demo_arguments
 from workbench.dtype_report import (checkpoint_report, fp32_island_report, loaded_census_report,
-                                    quantized_census_report)
+                                    quantized_census_report, with_loaded_row)
 from workbench.errors import UsageError
 from workbench.findings import Finding
 from workbench.grad_flow import grad_flow_report
@@ -18,7 +18,7 @@ from workbench.mp_buffers import mixed_precision_buffer_report
 from workbench.tracer import DtypeTracer
 from workbench.params import load_params
 from workbench.parallel_report import device_map_report, trainer_wrap_report
-from workbench.peft_report import peft_attribute_report, peft_layer_status_report
+from workbench.peft_report import peft_attribute_report, peft_layer_status_report, with_setup_attributes
 from workbench.recorder import Failed, FindingsRecorder
 from workbench.runtime import quiet_and_offline
 from workbench.safetensors_header import read_header
@@ -61,4 +61,6 @@ __all__ = [
     "static_census",
     "trainer_wrap_report",
     "vlm_inputs",
+    "with_loaded_row",
+    "with_setup_attributes",
 ]

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
     d.add_argument("--allow-pickle", action="store_true",
                    help="load pickle weights (.bin) with torch.load(weights_only=True); refused by default")
+    d.add_argument("--jobs", type=int, default=0,
+                   help="notebooks run side by side (default: 2 on 2+ cores when two model copies fit easily)")
     d.add_argument("--cell-timeout", type=int, default=1800,
                    help="seconds one notebook cell may run before it is stopped and marked error (default 1800)")
 
@@ -100,8 +102,10 @@ def cmd_diagnose(args) -> int:
                             allow_pickle=args.allow_pickle)
     if args.cell_timeout < 1:
         raise UsageError(f"--cell-timeout {args.cell_timeout}: use a number of seconds, 1 or more")
+    if args.jobs < 0:
+        raise UsageError(f"--jobs {args.jobs}: use 1 or more (0 chooses by cores and memory)")
     folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=args.notebooks,
-                                cell_timeout=args.cell_timeout)
+                                cell_timeout=args.cell_timeout, jobs=args.jobs or None)
     for f in findings:
         if f.verdict in ("fail", "error"):
             print(f"{f.verdict}: {f.id}: {f.title}")

@@ -169,6 +169,18 @@ def quantized_census_report(target, loaded: LoadedCensusReport | None = None, st
     return QuantizedReport(predictions, reals, pd.DataFrame(rows).fillna(""))
 
 
+def with_loaded_row(quantized: QuantizedReport, loaded: LoadedCensusReport) -> QuantizedReport:
+    """The comparison table with the loaded model's row, once the model is loaded (after the real quantized
+    loads, so that no two copies are ever resident)."""
+    import pandas as pd
+
+    row = {"scenario": loaded.census.label, **_summaries(loaded.census.dtypes_by_component())}
+    headers = quantized.comparison[quantized.comparison["scenario"].str.startswith("checkpoint headers")]
+    rest = quantized.comparison.drop(headers.index)
+    table = pd.concat([headers, pd.DataFrame([row]), rest], ignore_index=True).fillna("")
+    return QuantizedReport(quantized.predictions, quantized.reals, table)
+
+
 def _summaries(by_component: dict[str, dict[str, int]]) -> dict[str, str]:
     return {comp: " + ".join(f"{d} {n}" for d, n in dtypes.items()) for comp, dtypes in by_component.items()}
 

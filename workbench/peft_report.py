@@ -148,8 +148,9 @@ def _trainer_model(model: nn.Module, gpus: int) -> nn.Module:
 
 
 @probe("peft.attributes")
-def peft_attribute_report(prepared, target) -> AttributeReport:
-    """Load the model again and walk it through the wrapping steps, snapshotting after each one."""
+def peft_attribute_report(target) -> AttributeReport:
+    """Load the model and walk it through the wrapping steps, snapshotting after each one; the model is freed on
+    return, so run this before `prepare_model` (never two copies resident)."""
     from peft import PeftModel, prepare_model_for_kbit_training
 
     from workbench.loading import load_pretrained
@@ -172,9 +173,20 @@ def peft_attribute_report(prepared, target) -> AttributeReport:
         model = add_fresh_lora(model)
         snaps.append(snapshot("get_peft_model", model))
     snaps.append(snapshot(f"Trainer (n_gpu={target.gpus})", _trainer_model(model, target.gpus)))
-    if target.setup not in ("plain", "qlora"):
-        snaps.append(snapshot(f"your set-up ({target.setup})", prepared.model))
+    del model
+    import gc
+
+    gc.collect()
     return AttributeReport(snaps, skipped)
+
+
+@probe("peft.attributes")
+def with_setup_attributes(report: AttributeReport, prepared, target) -> AttributeReport:
+    """The chain's report plus a column for what the user's own set-up hands the Trainer."""
+    if target.setup in ("plain", "qlora"):
+        return report
+    return AttributeReport([*report.snapshots, snapshot(f"your set-up ({target.setup})", prepared.model)],
+                           report.skipped)
 
 
 @dataclasses.dataclass

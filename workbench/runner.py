@@ -108,8 +108,10 @@ def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kerne
     start = time.monotonic()
     error = None
     try:
+        # no cwd=: papermill would os.chdir the whole process, which breaks notebooks run side by side; kernels
+        # keep the user's working folder and every path handed to them is absolute
         pm.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel,
-                            cwd=str(folder), progress_bar=False, log_output=False, report_mode=False,
+                            progress_bar=False, log_output=False, report_mode=False,
                             extra_arguments=["--IPKernelApp.log_level=ERROR"], execution_timeout=cell_timeout)
     except Exception as exc:  # noqa: BLE001 - PapermillExecutionError and kernel deaths alike: failure as artifact
         error = f"{type(exc).__name__}: {getattr(exc, 'evalue', None) or str(exc).strip().splitlines()[-1:]}"
@@ -177,29 +179,56 @@ def redact_report(folder: Path) -> None:
                 path.write_text(cleaned)
 
 
+def parallel_jobs(target: Target, notebooks: int) -> int:
+    """Notebooks to run side by side: one per core (at most 2), and only while a model copy per kernel fits easily
+    (each kernel loads the model; the memory goal is never two copies of a big model at once)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = min(2, cores, notebooks)
+    if jobs < 2:
+        return 1
+    try:
+        from workbench.resources import available_bytes, estimated_load_bytes
+
+        need = estimated_load_bytes(target)
+        have, _ = available_bytes()
+    except Exception:  # noqa: BLE001 - when unsure, one at a time
+        return 1
+    # side by side only for models small against memory: two copies below a quarter of what is free
+    return jobs if 2 * need < 0.25 * have and need < 2 * 1024**3 else 1
+
+
 def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
              echo: Callable[[str], None] = print, notebook_dir: Path = NOTEBOOK_DIR,
-             cell_timeout: int | None = 1800) -> tuple[Path, list[Finding]]:
+             cell_timeout: int | None = 1800, jobs: int | None = None) -> tuple[Path, list[Finding]]:
     kernel_python = ensure_kernel()
     # kernels inherit the environment: keep the user's folder importable for --setup module:function
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     notebooks = find_notebooks(Path(notebook_dir), only=only)
     now = dt.datetime.now().astimezone()
-    temp, final = new_report_folder(Path(reports_dir), target.name, now)
+    temp, final = new_report_folder(Path(reports_dir).resolve(), target.name, now)
     parameters = notebook_parameters(target, extra_parameters)
     echo(f"diagnosing {target.checkpoint} -> {final} (kernel {KERNEL_NAME}: {kernel_python})")
-    runs: list[NotebookRun] = []
-    findings: list[Finding] = []
-    for i, notebook in enumerate(notebooks, 1):
+    jobs = jobs or parallel_jobs(target, len(notebooks))
+    if jobs > 1:
+        echo(f"running {jobs} notebooks at a time (each kernel holds its own copy of the model)")
+
+    def execute(item: tuple[int, Path]) -> tuple[NotebookRun, list[Finding]]:
+        i, notebook = item
         echo(f"[{i}/{len(notebooks)}] {notebook.stem} ...")
-        run = run_notebook(notebook, temp, {**parameters, "findings_path": f"findings.{notebook.stem}.json"},
-                           KERNEL_NAME, cell_timeout)
+        sidecar = str(temp / f"findings.{notebook.stem}.json")
+        run = run_notebook(notebook, temp, {**parameters, "findings_path": sidecar}, KERNEL_NAME, cell_timeout)
         nb_findings = collect_findings(temp, notebook, run)
-        findings.extend(nb_findings)
-        runs.append(run)
         verdicts = ", ".join(f"{f.id} {f.verdict}" for f in sort_findings(nb_findings))
         echo(f"[{i}/{len(notebooks)}] {notebook.stem} {run.status} ({run.seconds:.1f} s): {verdicts}"
              + (f"\n      {run.error}" if run.error else ""))
+        return run, nb_findings
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # each notebook is its own kernel process
+        results = list(pool.map(execute, enumerate(notebooks, 1)))
+    runs = [run for run, _ in results]
+    findings = [f for _, nb_findings in results for f in nb_findings]
     report = {
         "schema_version": SCHEMA_VERSION,
         "run_id": f"{now.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}",

@@ -1,0 +1,292 @@
+"""`make bench`: the cost of a diagnosis, each number against the naive way, measured in the same run.
+
+    .venv/bin/python bench/run.py [--repeats 5] [--diagnose-runs 2] [--skip-naive-7b] [--skip-memory]
+
+Every timed step runs in a fresh Python process (imports warm in the OS cache, then measured in-process with
+perf_counter; peak memory is that process's ru_maxrss), so one measurement's allocations never hide another's.
+Prints a markdown table: min / median / max over the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+PRELUDE = """
+import json, resource, sys, time
+from workbench.runtime import quiet_and_offline; quiet_and_offline()
+import torch, transformers, workbench
+"""
+
+
+def measure(body: str, repeats: int) -> list[dict]:
+    """Run `body` (which sets `result = {...}` and may use `start`) in fresh processes; seconds and peak RSS."""
+    code = PRELUDE + "start = time.perf_counter()\n" + body + """
+result['seconds'] = time.perf_counter() - start
+result['peak_rss'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print('RESULT ' + json.dumps(result))
+"""
+    out = []
+    for _ in range(repeats):
+        proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=1800)
+        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if line is None:
+            raise RuntimeError(f"benchmark step failed:\n{proc.stderr[-2000:]}")
+        out.append(json.loads(line[7:]))
+    return out
+
+
+def stats(values: list[float], unit: str = "s", scale: float = 1.0) -> str:
+    v = [x * scale for x in values]
+    fmt = (lambda x: f"{x:.3f}") if unit == "s" else (lambda x: f"{x:.0f}")
+    return f"{fmt(min(v))} / {fmt(statistics.median(v))} / {fmt(max(v))} {unit}"
+
+
+def row(rows: list, what: str, ours: list[dict], naive: list[dict] | None, note: str = "") -> None:
+    ratio = (statistics.median(r["seconds"] for r in naive) / statistics.median(r["seconds"] for r in ours)
+             if naive else None)
+    rows.append((what, stats([r["seconds"] for r in ours]),
+                 stats([r["seconds"] for r in naive]) if naive else "—",
+                 f"{ratio:.0f}× faster" if ratio and ratio >= 10 else f"{ratio:.1f}× faster" if ratio else "—",
+                 note))
+
+
+HEADER_CENSUS = """
+from workbench.loading import auto_config, model_class_for
+model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
+from workbench.target import resolve_target
+from workbench.dtype_report import checkpoint_report
+start = time.perf_counter()
+report = checkpoint_report(resolve_target(FOLDER))
+result = {'bytes_read': sum(c.bytes_read for c in report.censuses), 'tensors': sum(len(h.tensors) for i in report.inspections for h in i.headers)}
+"""
+
+NAIVE_LOADED_CENSUS = """
+from workbench.loading import auto_config, model_class_for
+model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
+from collections import Counter
+from workbench.loading import load_pretrained
+start = time.perf_counter()
+model = load_pretrained(FOLDER)
+counts = Counter((str(p.dtype)) for p in model.parameters())
+result = {'tensors': sum(counts.values())}
+"""
+
+NAIVE_READ_ALL = """
+from workbench.loading import auto_config, model_class_for
+model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
+from collections import Counter
+from pathlib import Path
+from safetensors.torch import load_file
+start = time.perf_counter()
+counts, read = Counter(), 0
+for shard in sorted(Path(FOLDER).glob('*.safetensors')):
+    tensors = load_file(str(shard))
+    counts.update(str(t.dtype) for t in tensors.values())
+    read += shard.stat().st_size
+    del tensors
+result = {'tensors': sum(counts.values()), 'bytes_read': read}
+"""
+
+PREDICTED = """
+from workbench.loading import auto_config, model_class_for
+model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
+from workbench.census import predicted_quantized_census
+from workbench.loading import auto_config
+start = time.perf_counter()
+census = predicted_quantized_census(auto_config(FOLDER), '4bit')
+result = {'tensors': sum(r['tensors'] for r in census.rows)}
+"""
+
+REAL_4BIT = """
+from workbench.loading import auto_config, model_class_for
+model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
+from workbench.census import dtype_census
+from workbench.loading import load_pretrained
+start = time.perf_counter()
+census = dtype_census(load_pretrained(FOLDER, quant='4bit'))
+result = {'tensors': sum(r['tensors'] for r in census.rows)}
+"""
+
+TRACER = """
+from workbench.inputs import sample_inputs
+from workbench.loading import load_pretrained
+from workbench.tracer import DtypeTracer
+torch.set_num_threads(1)
+model = load_pretrained(FOLDER).eval()
+inputs, _ = sample_inputs(model, FOLDER)
+def fwd():
+    with torch.no_grad():
+        model(**inputs)
+fwd()
+tracer = DtypeTracer(model)
+plain, traced = [], []
+for _ in range(60):
+    t = time.perf_counter(); fwd(); plain.append(time.perf_counter() - t)
+    with tracer:
+        fwd(); t = time.perf_counter(); fwd(); traced.append(time.perf_counter() - t); tracer.calls.clear()
+import statistics
+start = time.perf_counter()
+result = {'plain': statistics.median(plain), 'traced': statistics.median(traced)}
+"""
+
+
+def with_folder(body: str, folder: Path) -> str:
+    return body.replace("FOLDER", repr(str(folder)))
+
+
+def diagnose_runs(runs: int, jobs: int, reports: Path) -> list[dict]:
+    out = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.run([PY, "-m", "workbench", "diagnose", "--jobs", str(jobs), "--reports-dir", str(reports)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=1800)
+        seconds = time.perf_counter() - start
+        folder = Path(proc.stdout.strip().splitlines()[-1].removeprefix("report: "))
+        report = json.loads((folder / "findings.json").read_text())
+        out.append({"seconds": seconds, "notebooks": {n["name"]: n["seconds"] for n in report["notebooks"]},
+                    "folder": str(folder)})
+    return out
+
+
+def kernel_and_export(report_folder: Path, repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds to start the workbench kernel and run one trivial cell; seconds to export one notebook's HTML."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from workbench.runner import export_html
+
+    starts, exports = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        nb = new_notebook(cells=[new_code_cell("import workbench")])
+        nb.metadata["kernelspec"] = {"name": "workbench", "display_name": "workbench", "language": "python"}
+        path = Path(tmp) / "empty.ipynb"
+        nbformat.write(nb, path)
+        import papermill as pm
+
+        for _ in range(repeats):
+            t = time.perf_counter()
+            pm.execute_notebook(str(path), str(Path(tmp) / "out.ipynb"), kernel_name="workbench",
+                                progress_bar=False, log_output=False)
+            starts.append(time.perf_counter() - t)
+        executed = sorted(report_folder.glob("0*.ipynb"))
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for nb_path in executed:
+                export_html(nb_path, Path(tmp) / "x.html")
+            exports.append((time.perf_counter() - t) / max(len(executed), 1))
+    return starts, exports
+
+
+def memory_of_a_diagnosis(workdir: Path) -> dict:
+    """Peak RSS of the largest process of a diagnosis (a notebook kernel) on a ~0.5 GB checkpoint, against an idle
+    kernel's baseline (python + torch + transformers + workbench imported)."""
+    make = f"""
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
+                     num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False, dtype='bfloat16')
+LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained({str(workdir / 'llama-0.5b')!r})
+start = time.perf_counter(); result = {{}}
+"""
+    measure(make, 1)
+    ckpt = workdir / "llama-0.5b"
+    ckpt_bytes = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+    baseline = measure("result = {}", 3)
+    proc = subprocess.run([PY, "-c", f"""
+import resource, subprocess, sys, json
+subprocess.run([sys.executable, '-m', 'workbench', 'diagnose', {str(ckpt)!r}, '--jobs', '1',
+                '--reports-dir', {str(workdir / 'reports')!r}], capture_output=True)
+print(json.dumps({{'peak': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}}))
+"""], capture_output=True, text=True, timeout=3600)
+    peak = json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
+    base = statistics.median(r["peak_rss"] for r in baseline)
+    return {"checkpoint_bytes": ckpt_bytes, "peak": peak, "baseline": base,
+            "ratio_net": (peak - base) / ckpt_bytes, "ratio_raw": peak / ckpt_bytes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--diagnose-runs", type=int, default=2)
+    parser.add_argument("--skip-naive-7b", action="store_true", help="skip reading all 16.6 GB (slow)")
+    parser.add_argument("--skip-memory", action="store_true")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from sparse_checkpoint import write_sparse_checkpoint
+
+    from workbench.demo import build_demo
+
+    demo = build_demo()
+    rows: list[tuple] = []
+    with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+        tmp = Path(tmp)
+        sparse = write_sparse_checkpoint(tmp / "sparse-7b")
+        apparent = sum(p.stat().st_size for p in sparse.iterdir())
+
+        ours = measure(with_folder(HEADER_CENSUS, demo.qwen_stage1), args.repeats)
+        naive = measure(with_folder(NAIVE_LOADED_CENSUS, demo.qwen_stage1), args.repeats)
+        row(rows, "census, demo Qwen2-VL (headers vs from_pretrained + count)", ours, naive,
+            f"{ours[0]['bytes_read']:,} header bytes read")
+        ours7 = measure(with_folder(HEADER_CENSUS, sparse), args.repeats)
+        naive7 = None if args.skip_naive_7b else measure(with_folder(NAIVE_READ_ALL, sparse), 1)
+        row(rows, f"census, 7B-shaped sparse checkpoint ({apparent / 1e9:.1f} GB apparent; naive: read every "
+                  "shard)", ours7, naive7,
+            f"{ours7[0]['bytes_read']:,} bytes read vs {apparent:,}; peak RSS "
+            f"{statistics.median(r['peak_rss'] for r in ours7) / 1e6:.0f} MB"
+            + (f" vs {statistics.median(r['peak_rss'] for r in naive7) / 1e6:.0f} MB" if naive7 else ""))
+
+        pred = measure(with_folder(PREDICTED, demo.qwen_stage1), args.repeats)
+        real = measure(with_folder(REAL_4BIT, demo.qwen_stage1), args.repeats)
+        row(rows, "4-bit census, demo (meta prediction vs real bitsandbytes load)", pred, real,
+            f"peak RSS {statistics.median(r['peak_rss'] for r in pred) / 1e6:.0f} MB vs "
+            f"{statistics.median(r['peak_rss'] for r in real) / 1e6:.0f} MB")
+        pred7 = measure(with_folder(PREDICTED, sparse), args.repeats)
+        row(rows, "4-bit census, 7B-shaped (meta prediction; a real load would read 16.6 GB)", pred7, None,
+            f"peak RSS {statistics.median(r['peak_rss'] for r in pred7) / 1e6:.0f} MB, no weight read")
+
+        for label, folder in (("Qwen2-VL", demo.qwen_base), ("Llama", demo.llama)):
+            tr = measure(with_folder(TRACER, folder), max(1, args.repeats // 2))
+            ratios = [r["traced"] / r["plain"] for r in tr]
+            rows.append((f"dtype tracer on a forward, demo {label} (traced / plain)",
+                         stats([r["traced"] for r in tr], "ms", 1000), stats([r["plain"] for r in tr], "ms", 1000),
+                         f"{statistics.median(ratios):.2f}× the plain forward", "goal ≤ 1.5×"))
+
+        serial = diagnose_runs(args.diagnose_runs, 1, tmp / "r1")
+        side = diagnose_runs(args.diagnose_runs, 2, tmp / "r2")
+        per_nb = {name: statistics.median(r["notebooks"][name] for r in serial) for name in serial[0]["notebooks"]}
+        starts, exports = kernel_and_export(Path(serial[0]["folder"]), 3)
+        share = (statistics.median(starts) + statistics.median(exports)) * len(per_nb) / statistics.median(
+            r["seconds"] for r in serial)
+        rows.append(("`diagnose` on the demo: 2 notebooks side by side vs one at a time",
+                     stats([r["seconds"] for r in side]), stats([r["seconds"] for r in serial]),
+                     f"{statistics.median(r['seconds'] for r in serial) / statistics.median(r['seconds'] for r in side):.2f}× faster",
+                     "per notebook (serial): " + ", ".join(f"{k[:2]} {v:.1f} s" for k, v in per_nb.items())
+                     + f"; kernel start {statistics.median(starts):.1f} s and HTML export "
+                       f"{statistics.median(exports):.1f} s per notebook = {share:.0%} of the serial total"))
+        memory = None if args.skip_memory else memory_of_a_diagnosis(tmp)
+
+    print("\n| what | ours (min / median / max) | naive (min / median / max) | ratio | notes |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    if memory:
+        print(f"\nMemory of a diagnosis of a {memory['checkpoint_bytes'] / 1e9:.2f} GB checkpoint (one notebook at a "
+              f"time): largest process peak {memory['peak'] / 1e9:.2f} GB; an idle kernel with the stack imported "
+              f"{memory['baseline'] / 1e9:.2f} GB; (peak - idle) / checkpoint = {memory['ratio_net']:.2f}× "
+              f"(goal ≤ 1.5×), peak / checkpoint = {memory['ratio_raw']:.2f}×.")
+
+
+if __name__ == "__main__":
+    main()

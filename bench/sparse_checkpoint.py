@@ -1,0 +1,71 @@
+"""A 7B-shaped sharded safetensors checkpoint made of sparse files: real headers with real offsets, data regions
+left as holes. ~16 GB apparent, next to nothing on disk; the config is Qwen2-VL-7B's shape.
+
+    .venv/bin/python bench/sparse_checkpoint.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+SHARD_BYTES = 4 * 1024**3
+
+
+def qwen2vl_7b_config():
+    from transformers import Qwen2VLConfig
+
+    return Qwen2VLConfig(
+        text_config=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                         num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+        vision_config=dict(depth=32, embed_dim=1280, hidden_size=3584, num_heads=16),
+        tie_word_embeddings=False, dtype="bfloat16", architectures=["Qwen2VLForConditionalGeneration"])
+
+
+def write_sparse_checkpoint(out: Path) -> Path:
+    from workbench.checkpoint import checkpoint_key_mapper  # noqa: F401 - same key layout as save_pretrained
+    from workbench.loading import meta_model
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = qwen2vl_7b_config()
+    config.save_pretrained(out)
+    skeleton, _ = meta_model(config, torch.bfloat16)
+    tensors = [(name, tuple(t.shape)) for name, t in skeleton.state_dict().items()]
+    shards: list[list[tuple[str, tuple]]] = [[]]
+    size = 0
+    for name, shape in tensors:
+        nbytes = math.prod(shape) * 2
+        if size + nbytes > SHARD_BYTES and shards[-1]:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += nbytes
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards, 1):
+        filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, shape in shard:
+            nbytes = math.prod(shape) * 2
+            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+            weight_map[name] = filename
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(out / filename, "wb") as fh:
+            fh.write(len(raw).to_bytes(8, "little") + raw)
+            fh.truncate(8 + len(raw) + offset)  # the data region is a hole
+        total += offset
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    folder = write_sparse_checkpoint(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/workbench-sparse-7b"))
+    apparent = sum(p.stat().st_size for p in folder.iterdir())
+    on_disk = sum(p.stat().st_blocks * 512 for p in folder.iterdir())
+    print(f"{folder}: {apparent / 1e9:.1f} GB apparent, {on_disk / 1e6:.1f} MB on disk")
