@@ -156,6 +156,17 @@ def grad_flow_report(prepared, target) -> GradFlowReport:
     model.train()
     model.zero_grad(set_to_none=True)
     loss_value, error = None, None
+    # read each gradient as it is accumulated, then drop it: a full fine-tune would otherwise hold a second
+    # model-sized buffer of gradients just so that we can look at them
+    seen: dict[str, tuple[str, float]] = {}
+    handles = []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            def record(param, name=name):
+                norm = float(param.grad.detach().float().norm())
+                seen[name] = ("ok" if norm > 0 else "zero", norm)
+                param.grad = None
+            handles.append(p.register_post_accumulate_grad_hook(record))
     try:
         with torch.autocast(device_type_of(model), dtype=compute_dtype_of(model)):
             out = model(**inputs)
@@ -166,17 +177,17 @@ def grad_flow_report(prepared, target) -> GradFlowReport:
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
         model.train(was_training)
+        for handle in handles:
+            handle.remove()
     rows = []
     if error is None:
         for name, p in model.named_parameters():
             if not p.requires_grad:
                 continue
-            grad = p.grad
-            status = "none" if grad is None else "zero" if not bool(grad.detach().abs().sum()) else "ok"
+            status, norm = seen.get(name, ("none", None))
             role = _role(name)
             expected = ("lora_B is all zeros on the first step" if status == "zero" and role == "lora_A"
                         and _lora_b_is_zero(model, name) else None)
-            rows.append(GradRow(normalize_name(name), classifier.component_of(name), role, status,
-                                None if grad is None else float(grad.detach().float().norm()), expected))
+            rows.append(GradRow(normalize_name(name), classifier.component_of(name), role, status, norm, expected))
     model.zero_grad(set_to_none=True)
     return GradFlowReport(rows, loss_value, error, _checkpointing_state(model), "pixel_values" in inputs)
