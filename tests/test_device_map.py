@@ -6,6 +6,9 @@ from workbench.target import parse_max_memory
 def test_balanced_on_two_gpus_spans_both(demo):
     prediction = predict_device_map(auto_config(demo.qwen_base), "balanced", 2, {0: "80GiB", 1: "80GiB"})
     assert prediction.gpus == [0, 1] and not prediction.offloaded and not prediction.collapsed
+    finding = device_map_finding(loaded_device_map(load_pretrained(demo.qwen_base)), [prediction], 2,
+                                 {0: "80GiB", 1: "80GiB"}, assumed=True)
+    assert finding.verdict == "pass" and "assumed 80GiB" in finding.title  # healthy: quiet, and says what it assumed
 
 
 def test_sequential_keeps_a_small_model_on_one_gpu(demo):
