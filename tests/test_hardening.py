@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from nbformat.v4 import new_code_cell, new_notebook
 
@@ -215,6 +215,11 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+@example({"x": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}})  # unhashable dtype
+@example({"x": {"dtype": "F32", "shape": [float("inf")], "data_offsets": [0, 4]}})  # Infinity in JSON
+@example({"x": {"dtype": "F32", "shape": "12", "data_offsets": "04"}})  # strings that iterate like lists
+@example({"x": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}})
+@example({"__metadata__": [1, 2]})
 def test_fuzz_structured_headers_never_crash(tmp_path, header):
     raw = json.dumps(header).encode()
     path = tmp_path / "g.safetensors"

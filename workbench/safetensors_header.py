@@ -107,9 +107,13 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
 def _tensor_entry(path: Path, name: str, spec: Any) -> TensorEntry:
     try:
         code, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
-        shape = tuple(int(d) for d in shape)
-        start, end = (int(o) for o in offsets)
-    except (KeyError, TypeError, ValueError):
+        if not isinstance(code, str) or not isinstance(shape, list) or not isinstance(offsets, list):
+            raise TypeError("dtype must be a string, shape and data_offsets lists")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in [*shape, *offsets]):
+            raise TypeError("shape and data_offsets must hold integers")
+        shape = tuple(shape)
+        start, end = offsets
+    except (KeyError, TypeError, ValueError, OverflowError):
         raise HeaderError(f"{path}: tensor {name!r} has a malformed entry {str(spec)[:120]}") from None
     if code not in SAFETENSORS_DTYPES:
         raise HeaderError(f"{path}: tensor {name!r} has unknown dtype {code!r}")
