@@ -64,12 +64,13 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(tmp_path):
     assert "PeftModel.from_pretrained" in (folder / "03_peft_attributes.html").read_text()
     html = (folder / "01_dtype_distribution.html").read_text()
     assert "data:image/png;base64" in html and "<script src=\"http" not in html
-    assert "rec.run(" not in html  # code hidden
+    assert ".jp-Cell-inputWrapper { display: none; }" in html and "show code" in html  # code hidden, one click away
     assert "qwen2vl-base: predicted 4bit" in html  # the seeds' base-vs-checkpoint comparison row
     index = (folder / "index.html").read_text()
     assert 'href="01_dtype_distribution.html"' in index and "dtype.fp32_islands" in index
     assert report["target"]["quant"] == "4bit" and report["target"]["gpus"] == 2
     assert not list((tmp_path / "reports").glob("*/.*partial"))
+    assert folder.name in (tmp_path / "reports" / "index.html").read_text()  # the runs index lists it
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -60,4 +61,38 @@ def render_index(report: dict[str, Any]) -> str:
 def write_index(folder: Path, report: dict[str, Any]) -> Path:
     path = Path(folder) / "index.html"
     path.write_text(render_index(report))
+    return path
+
+
+def write_reports_index(reports_dir: Path) -> Path:
+    """reports/index.html: every completed run, newest first, with its worst verdict and target."""
+    import json
+
+    rows = []
+    for findings_json in sorted(Path(reports_dir).glob("*/*/findings.json"), reverse=True):
+        folder = findings_json.parent
+        if folder.name.startswith("."):
+            continue
+        try:
+            report = json.loads(findings_json.read_text())
+        except (OSError, ValueError):
+            continue
+        verdicts = [f.get("verdict", "error") for f in report.get("findings", [])]
+        worst = worst_verdict(verdicts) or "pass"
+        counts = Counter(verdicts)
+        rel = f"{folder.parent.name}/{folder.name}/index.html"
+        target = report.get("target", {})
+        rows.append(f"<tr><td>{verdict_badge(worst)}</td><td><a href=\"{esc(rel)}\">{esc(folder.parent.name)} "
+                    f"{esc(folder.name)}</a></td><td><code>{esc(str(target.get('checkpoint', '')))}</code></td>"
+                    f"<td>{esc(str(target.get('quant', '')))} · {esc(str(target.get('gpus', '')))} GPU(s) · "
+                    f"{esc(str(target.get('setup', '')))}</td>"
+                    f"<td>{esc(', '.join(f'{n} {v}' for v, n in sorted(counts.items())))}</td></tr>")
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Diagnosis reports</title>"
+            f"<style>{STYLE}</style></head><body><h1>Diagnosis reports</h1><p>{len(rows)} run(s), newest first.</p>"
+            "<table><thead><tr><th>worst</th><th>run</th><th>checkpoint</th><th>set-up</th><th>verdicts</th></tr>"
+            f"</thead><tbody>{''.join(rows)}</tbody></table></body></html>")
+    path = Path(reports_dir) / "index.html"
+    tmp = path.with_name(f".index.{os.getpid()}.tmp")
+    tmp.write_text(page)
+    os.replace(tmp, path)
     return path

@@ -87,16 +87,29 @@ def new_report_folder(reports_dir: Path, name: str, now: dt.datetime) -> tuple[P
     return temp, final
 
 
+CODE_TOGGLE = """<style>
+.jp-Cell-inputWrapper { display: none; }
+body.wb-show-code .jp-Cell-inputWrapper { display: block; }
+#wb-code-toggle { position: fixed; top: 8px; right: 12px; z-index: 10; font: 13px system-ui, sans-serif;
+  padding: 4px 10px; border: 1px solid #999; border-radius: 4px; background: #fff; cursor: pointer; }
+</style>"""
+CODE_BUTTON = ('<button id="wb-code-toggle" onclick="document.body.classList.toggle(\'wb-show-code\');'
+               "this.textContent=document.body.classList.contains('wb-show-code')?'hide code':'show code'\">"
+               "show code</button>")
+
+
 def export_html(executed: Path, html_path: Path) -> None:
-    """Self-contained HTML: code hidden, images inline, no script fetched from the internet."""
+    """Self-contained HTML: code present but hidden until 'show code' is clicked, images inline, nothing fetched
+    from the internet (the lab template's require.js / MathJax CDN links are removed)."""
     import nbformat
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(template_name="lab", exclude_input=True, exclude_input_prompt=True,
-                            exclude_output_prompt=True, embed_images=True)
+    exporter = HTMLExporter(template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True,
+                            embed_images=True)
     body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
-    # the lab template links require.js / MathJax from a CDN; reports must open offline
     body = re.sub(r'<script[^>]+src="https?://[^"]+"[^>]*>\s*</script>', "", body)
+    body = body.replace("</head>", CODE_TOGGLE + "</head>", 1)
+    body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + CODE_BUTTON, body, count=1)
     html_path.write_text(body)
 
 
@@ -244,6 +257,9 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
     write_index(temp, report)
     redact_report(temp)
     os.replace(temp, final)
+    from workbench.index_page import write_reports_index
+
+    write_reports_index(Path(reports_dir).resolve())
     return final, findings
 
 
