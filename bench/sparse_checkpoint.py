@@ -1,5 +1,6 @@
 """A 7B-shaped sharded safetensors checkpoint made of sparse files: real headers with real offsets, data regions
-left as holes. ~16 GB apparent, next to nothing on disk; the config is Qwen2-VL-7B's shape.
+left as holes. ~16 GB apparent, next to nothing on disk; the config is Qwen2-VL-7B's shape. Tensor names are the
+model's module paths (transformers 5 layout), not the legacy layout save_pretrained writes; the census maps both.
 
     .venv/bin/python bench/sparse_checkpoint.py OUT_DIR
 """
@@ -27,7 +28,6 @@ def qwen2vl_7b_config():
 
 
 def write_sparse_checkpoint(out: Path) -> Path:
-    from workbench.checkpoint import checkpoint_key_mapper  # noqa: F401 - same key layout as save_pretrained
     from workbench.loading import meta_model
 
     out.mkdir(parents=True, exist_ok=True)

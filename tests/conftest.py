@@ -31,6 +31,19 @@ def copy_of(tmp_path):
     return make
 
 
+@pytest.fixture
+def edit_json():
+    """Change keys of a JSON file in place (a copied checkpoint's config.json, adapter_config.json, index)."""
+    import json
+
+    def edit(path: Path, **changes) -> dict:
+        data = json.loads(path.read_text())
+        data.update(changes)
+        path.write_text(json.dumps(data))
+        return data
+    return edit
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

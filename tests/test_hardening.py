@@ -98,11 +98,10 @@ def test_pickle_only_checkpoints_are_refused_unless_allowed(tmp_path):
     assert prepare_model(target).model.transformer.h[0] is not None  # loaded with torch.load(weights_only=True)
 
 
-def test_remote_code_is_refused_without_the_flag(demo, copy_of):
+def test_remote_code_is_refused_without_the_flag(demo, copy_of, edit_json):
     folder = copy_of(demo.llama)
-    config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="evil_model", auto_map={"AutoModelForCausalLM": "modeling_evil.EvilModel"})
-    (folder / "config.json").write_text(json.dumps(config))
+    edit_json(folder / "config.json", model_type="evil_model",
+              auto_map={"AutoModelForCausalLM": "modeling_evil.EvilModel"})
     (folder / "modeling_evil.py").write_text("raise SystemExit('remote code ran')\n")
     result = run_cli("diagnose", folder)
     assert result.returncode == 2 and "--trust-remote-code" in result.stderr

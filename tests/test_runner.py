@@ -64,7 +64,9 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(tmp_path):
     assert "PeftModel.from_pretrained" in (folder / "03_peft_attributes.html").read_text()
     html = (folder / "01_dtype_distribution.html").read_text()
     assert "data:image/png;base64" in html and "<script src=\"http" not in html
-    assert ".jp-Cell-inputWrapper { display: none; }" in html and "show code" in html  # code hidden, one click away
+    # code hidden, one click away; markdown (also in .jp-Cell-inputWrapper in the lab template) stays visible
+    assert ".jp-CodeCell .jp-Cell-inputWrapper { display: none; }" in html and "show code" in html
+    assert "\n.jp-Cell-inputWrapper { display: none; }" not in html  # unscoped, it would hide markdown
     assert "qwen2vl-base: predicted 4bit" in html  # the seeds' base-vs-checkpoint comparison row
     index = (folder / "index.html").read_text()
     assert 'href="01_dtype_distribution.html"' in index and "dtype.fp32_islands" in index

@@ -1,5 +1,3 @@
-import json
-
 import pytest
 
 from workbench.errors import UsageError
@@ -37,20 +35,16 @@ def test_config_without_weights(tmp_path, demo):
         resolve_target(str(tmp_path))
 
 
-def test_adapter_whose_base_is_missing(demo, copy_of):
+def test_adapter_whose_base_is_missing(demo, copy_of, edit_json):
     adapter = copy_of(demo.qwen_stage2)
-    config = json.loads((adapter / "adapter_config.json").read_text())
-    config["base_model_name_or_path"] = "/nowhere/stage1"
-    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    edit_json(adapter / "adapter_config.json", base_model_name_or_path="/nowhere/stage1")
     with pytest.raises(UsageError, match="adapter's base"):
         resolve_target(str(adapter))
 
 
-def test_unknown_architecture(demo, copy_of):
+def test_unknown_architecture(demo, copy_of, edit_json):
     folder = copy_of(demo.llama)
-    config = json.loads((folder / "config.json").read_text())
-    config["model_type"] = "qwen99_omni"
-    (folder / "config.json").write_text(json.dumps(config))
+    edit_json(folder / "config.json", model_type="qwen99_omni")
     with pytest.raises(UsageError, match="unknown to transformers"):
         resolve_target(str(folder))
 
@@ -76,3 +70,10 @@ def test_parameter_files_are_validated(tmp_path):
         good.write_text(text)
         with pytest.raises(UsageError, match=message):
             load_params(good)
+
+
+def test_the_shipped_parameters_file_is_valid():
+    from pathlib import Path
+
+    params = load_params(Path(__file__).resolve().parents[1] / "parameters" / "defaults.yaml")
+    assert params["dataset_size"] == 272 and params["real_quant_max_bytes"] == 2 * 1024**3

@@ -128,12 +128,18 @@ def _real_quantized_census(target, quant: str, overrides) -> DtypeCensus | str:
 
 @probe("dtype.quantized_census")
 def quantized_census_report(target, loaded: LoadedCensusReport | None = None, static: CheckpointReport | None = None,
-                            real_max_bytes: int = DEFAULT_REAL_QUANT_MAX_BYTES,
-                            compare: list[str] | tuple[str, ...] = ()) -> QuantizedReport:
-    """4-bit and 8-bit censuses predicted on meta; verified by a real load when the checkpoint is small enough."""
+                            real_max_bytes: int | None = None,
+                            compare: list[str] | tuple[str, ...] | None = None) -> QuantizedReport:
+    """4-bit and 8-bit censuses predicted on meta; verified by a real load when the checkpoint is small enough.
+    `real_max_bytes` and `compare` default to the parameters file's real_quant_max_bytes and compare."""
     import pandas as pd
 
     from workbench.loading import auto_config
+
+    if real_max_bytes is None:
+        real_max_bytes = int(target.params.get("real_quant_max_bytes", DEFAULT_REAL_QUANT_MAX_BYTES))
+    if compare is None:
+        compare = target.params.get("compare", [])
 
     overrides = component_overrides(target)
     config = auto_config(target.model_dir, trust_remote_code=target.trust_remote_code)

@@ -110,7 +110,7 @@ class GradFlowReport:
             first = missing[0]
             return [Finding("grad.flow", "fail",
                             f"{len(missing)} of {trainable} trainable tensors get no gradient, e.g. {first.name}",
-                            f"Gradients None or zero by component: "
+                            "Gradients None or zero by component: "
                             + ", ".join(f"{k}: {v}" for k, v in self.summary().items()) + f". Cause: {cause}.",
                             evidence, fix)]
         expected = sum(1 for r in self.rows if r.expected)

@@ -78,9 +78,9 @@ class IslandReport:
                            f"{len(self.islands)} tensor(s) differ from {self.compute_dtype}, all on purpose",
                            "; ".join(reasons), evidence)
         first = sus[0]
-        cause = (" In a k-bit model this is what peft's prepare_model_for_kbit_training does on purpose: it "
-                 "upcasts every non-quantized parameter to fp32 for stable training under autocast."
-                 if self.quantized else "")
+        cause = (" In a k-bit model, peft's prepare_model_for_kbit_training upcasts non-quantized parameters to "
+                 "fp32 on purpose, for training under autocast (older trl then cast norms to fp32 and lm_head "
+                 "back to bf16)." if self.quantized else "")
         frozen = sum(i.module_frozen for i in sus)
         return Finding(
             "dtype.fp32_islands", "warn",

@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import tempfile
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from workbench.components import unwrap_model
 from workbench.findings import Finding
 from workbench.recorder import probe
 

@@ -14,7 +14,6 @@ import datetime as dt
 import json
 import os
 import re
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -88,8 +87,8 @@ def new_report_folder(reports_dir: Path, name: str, now: dt.datetime) -> tuple[P
 
 
 CODE_TOGGLE = """<style>
-.jp-Cell-inputWrapper { display: none; }
-body.wb-show-code .jp-Cell-inputWrapper { display: block; }
+.jp-CodeCell .jp-Cell-inputWrapper { display: none; }
+body.wb-show-code .jp-CodeCell .jp-Cell-inputWrapper { display: block; }
 #wb-code-toggle { position: fixed; top: 8px; right: 12px; z-index: 10; font: 13px system-ui, sans-serif;
   padding: 4px 10px; border: 1px solid #999; border-radius: 4px; background: #fff; cursor: pointer; }
 </style>"""
