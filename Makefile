@@ -56,7 +56,7 @@ bench: install
 	$(PY) bench/run.py
 
 lab: install
-	$(PY) -m jupyter lab --notebook-dir=notebooks
+	$(PY) -m workbench lab
 
 notebooks: install
 	$(PY) tools/make_notebooks.py

@@ -7,6 +7,7 @@ import pytest
 import workbench
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+REPORT_NOTEBOOKS = [p for p in NOTEBOOKS if re.match(r"\d\d_", p.name)]  # what diagnose runs; panel.ipynb is not
 
 
 def test_there_are_notebooks():
@@ -21,7 +22,13 @@ def test_committed_notebooks_carry_no_outputs(path):
             assert cell["outputs"] == [] and cell["execution_count"] is None, f"{path.name} has outputs"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_panel_notebook_is_interactive_only():
+    from workbench.runner import find_notebooks
+
+    assert "panel" in [p.stem for p in NOTEBOOKS] and "panel" not in [p.stem for p in find_notebooks()]
+
+
+@pytest.mark.parametrize("path", REPORT_NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebooks_are_parameterized_and_declare_checks(path):
     nb = json.loads(path.read_text())
     tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]

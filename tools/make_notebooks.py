@@ -121,8 +121,25 @@ NOTEBOOKS = {
 }
 
 
+def panel_notebook() -> nbformat.NotebookNode:
+    """The interactive entry point `make lab` opens first: no parameters, one widget cell (not run by diagnose)."""
+    nb = new_notebook()
+    nb.cells = [
+        new_markdown_cell("# Workbench panel\n\nRun the cell below (Shift+Enter). It opens on the bundled demo: "
+                          "press **Run probes**, or type another checkpoint folder first. The numbered notebooks "
+                          "beside this one are what `make diagnose` runs into a report."),
+        new_code_cell("import workbench as wb\n\nwb.quiet_and_offline()\nwb.panel()"),
+    ]
+    nb.metadata["kernelspec"] = {"name": "workbench", "display_name": "Python (workbench)", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"panel-{i:02d}"
+    return nb
+
+
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    nbformat.write(panel_notebook(), out / "panel.ipynb")
     for name, nb in NOTEBOOKS.items():
         nbformat.validate(nb)
         nbformat.write(nb, out / f"{name}.ipynb")

@@ -15,6 +15,7 @@ from workbench.grad_flow import grad_flow_report
 from workbench.inputs import load_vlm_parts, vlm_inputs
 from workbench.islands import fp32_islands
 from workbench.mp_buffers import mixed_precision_buffer_report
+from workbench.panel import Panel, panel
 from workbench.tracer import DtypeTracer
 from workbench.params import load_params
 from workbench.parallel_report import device_map_report, trainer_wrap_report
@@ -33,6 +34,7 @@ __all__ = [
     "Failed",
     "Finding",
     "FindingsRecorder",
+    "Panel",
     "PreparedModel",
     "Target",
     "UsageError",
@@ -50,6 +52,7 @@ __all__ = [
     "load_vlm_parts",
     "loaded_census_report",
     "mixed_precision_buffer_report",
+    "panel",
     "peft_attribute_report",
     "peft_layer_status_report",
     "predicted_quantized_census",

@@ -22,12 +22,13 @@ from torch import nn
 
 from workbench.components import ComponentClassifier
 from workbench.findings import Finding
+from workbench.text_render import TextRepr
 
 COLUMNS = ["component", "kind", "dtype", "tensors", "elements", "bytes", "trainable"]
 
 
-@dataclasses.dataclass
-class DtypeCensus:
+@dataclasses.dataclass(repr=False)
+class DtypeCensus(TextRepr):
     label: str  # e.g. "loaded (bf16)", "predicted 4bit", "real 4bit"
     rows: list[dict[str, Any]]
     component_map: dict[str, str]

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from workbench.findings import Finding
 from workbench.safetensors_header import FLOATING_DTYPES, HeaderError, SafetensorsHeader, read_header
+from workbench.text_render import TextRepr
 
 INDEX_NAMES = ("model.safetensors.index.json", "adapter_model.safetensors.index.json")
 SINGLE_NAMES = ("model.safetensors", "adapter_model.safetensors")
@@ -136,8 +137,8 @@ def inspect_checkpoint(folder: str | Path) -> CheckpointInspection:
     return CheckpointInspection(folder, kind, config, adapter_config, headers, pickle_files, problems, warnings)
 
 
-@dataclasses.dataclass
-class StaticCensus:
+@dataclasses.dataclass(repr=False)
+class StaticCensus(TextRepr):
     """Per component and dtype: tensor count, elements, bytes, straight from the headers."""
 
     rows: list[dict[str, Any]]

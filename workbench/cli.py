@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("demo", help="build the bundled demo checkpoints and print their paths")
     m.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
+
+    lab = sub.add_parser("lab", help="JupyterLab with the panel and the notebooks open (prints the URL)")
+    lab.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
     return parser
 
 
@@ -59,6 +62,12 @@ def cmd_demo(args) -> int:
     for label in ("qwen_base", "qwen_stage1", "qwen_stage2", "llama"):
         print(f"{label:12} {getattr(paths, label)}")
     return 0
+
+
+def cmd_lab(args) -> int:
+    from workbench.lab import serve
+
+    return serve(port=args.port or None)
 
 
 def cmd_census(args) -> int:
@@ -116,7 +125,7 @@ def cmd_diagnose(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     quiet_and_offline()
     args = build_parser().parse_args(argv)
-    handler = {"diagnose": cmd_diagnose, "census": cmd_census, "demo": cmd_demo}[args.command]
+    handler = {"diagnose": cmd_diagnose, "census": cmd_census, "demo": cmd_demo, "lab": cmd_lab}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

@@ -15,6 +15,7 @@ from workbench.components import ComponentClassifier
 from workbench.findings import Finding, worst_verdict
 from workbench.islands import IslandReport, fp32_islands
 from workbench.recorder import probe
+from workbench.text_render import TextRepr
 
 DEFAULT_REAL_QUANT_MAX_BYTES = 2 * 1024**3  # verify predictions with a real load only below this checkpoint size
 
@@ -23,8 +24,8 @@ def component_overrides(target) -> dict[str, list[str]]:
     return dict(target.params.get("components") or {})
 
 
-@dataclasses.dataclass
-class CheckpointReport:
+@dataclasses.dataclass(repr=False)
+class CheckpointReport(TextRepr):
     inspections: list[CheckpointInspection]
     censuses: list[StaticCensus]
 
@@ -78,8 +79,8 @@ def checkpoint_report(target) -> CheckpointReport:
     return CheckpointReport(inspections, censuses)
 
 
-@dataclasses.dataclass
-class LoadedCensusReport:
+@dataclasses.dataclass(repr=False)
+class LoadedCensusReport(TextRepr):
     census: DtypeCensus
     static: CheckpointReport | None
 
@@ -97,8 +98,8 @@ def loaded_census_report(prepared, target, static: CheckpointReport | None = Non
                               static)
 
 
-@dataclasses.dataclass
-class QuantizedReport:
+@dataclasses.dataclass(repr=False)
+class QuantizedReport(TextRepr):
     predictions: dict[str, DtypeCensus]
     reals: dict[str, DtypeCensus | str]  # a census, or why there is none
     comparison: Any  # pandas DataFrame: the seeds' table, one row per scenario
@@ -191,8 +192,8 @@ def _summaries(by_component: dict[str, dict[str, int]]) -> dict[str, str]:
     return {comp: " + ".join(f"{d} {n}" for d, n in dtypes.items()) for comp, dtypes in by_component.items()}
 
 
-@dataclasses.dataclass
-class IslandProbe:
+@dataclasses.dataclass(repr=False)
+class IslandProbe(TextRepr):
     report: IslandReport
 
     def findings(self) -> list[Finding]:

@@ -18,6 +18,7 @@ from torch import nn
 from workbench.components import ComponentClassifier, unwrap_model
 from workbench.findings import Finding
 from workbench.recorder import probe
+from workbench.text_render import TextRepr
 
 WRAPPER_PREFIXES = re.compile(r"^(module\.)*(base_model\.model\.)?")
 
@@ -56,8 +57,8 @@ class GradRow:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass
-class GradFlowReport:
+@dataclasses.dataclass(repr=False)
+class GradFlowReport(TextRepr):
     rows: list[GradRow]
     loss: float | None
     error: str | None

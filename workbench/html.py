@@ -9,6 +9,7 @@ from typing import Iterable
 from workbench.findings import VERDICT_COLOURS, Finding, sort_findings
 
 esc = html.escape
+LEFT = ' style="text-align:left"'  # JupyterLab right-aligns table cells; prose reads left-aligned
 
 
 def verdict_badge(verdict: str) -> str:
@@ -31,13 +32,13 @@ def findings_table(findings: Iterable[Finding], link_notebooks: bool = False) ->
         if len(evidence) > 6000:
             evidence = evidence[:6000] + "\n… (truncated; full evidence in findings.json)"
         rows.append(
-            f"<tr><td>{verdict_badge(f.verdict)}</td><td><code>{esc(f.id)}</code></td>"
-            f"<td><b>{esc(f.title)}</b><div>{esc(f.detail)}</div>"
+            f"<tr{LEFT}><td{LEFT}>{verdict_badge(f.verdict)}</td><td{LEFT}><code>{esc(f.id)}</code></td>"
+            f"<td{LEFT}><b>{esc(f.title)}</b><div>{esc(f.detail)}</div>"
             + (f"<div><i>Fix:</i> {esc(f.fix)}</div>" if f.fix else "")
             + f"<details><summary>evidence</summary><pre>{esc(evidence)}</pre></details></td>"
-            f"<td>{where}</td></tr>")
-    return ('<table class="wb-findings"><thead><tr><th>verdict</th><th>check</th><th>finding</th>'
-            "<th>notebook</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+            f"<td{LEFT}>{where}</td></tr>")
+    head = "".join(f"<th{LEFT}>{h}</th>" for h in ("verdict", "check", "finding", "notebook"))
+    return f'<table class="wb-findings"><thead><tr>{head}</tr></thead><tbody>' + "".join(rows) + "</tbody></table>"
 
 
 def figure_html(fig) -> str:

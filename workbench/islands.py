@@ -18,6 +18,7 @@ from torch import nn
 from workbench.census import dtype_name, keep_in_fp32_matcher
 from workbench.components import ComponentClassifier, unwrap_model
 from workbench.findings import Finding
+from workbench.text_render import TextRepr
 
 ROTARY_BUFFERS = ("inv_freq", "original_inv_freq")
 
@@ -35,8 +36,8 @@ class Island:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass
-class IslandReport:
+@dataclasses.dataclass(repr=False)
+class IslandReport(TextRepr):
     compute_dtype: str
     islands: list[Island]
     quantized: bool

@@ -20,10 +20,11 @@ from workbench.findings import Finding
 from workbench.islands import ROTARY_BUFFERS
 from workbench.recorder import probe
 from workbench.tracer import DtypeTracer
+from workbench.text_render import TextRepr
 
 
-@dataclasses.dataclass
-class BufferReport:
+@dataclasses.dataclass(repr=False)
+class BufferReport(TextRepr):
     compute_dtype: str
     buffers: list[dict[str, Any]]  # floating buffers of frozen modules in another dtype
     promoting: list[dict[str, Any]]  # of those, modules whose traced output left the compute dtype

@@ -16,6 +16,7 @@ from workbench.recorder import probe
 from workbench.release_rules import release_line_for, verdicts_across_releases
 from workbench.replica import ForwardOutcome, replica_forward_check
 from workbench.trainer_wrap import WrapObservation, observe_trainer, single_gpu_baseline
+from workbench.text_render import TextRepr
 
 PREDICTED_SPECS = ("auto", "balanced")
 
@@ -51,8 +52,8 @@ def expected_device_map(prepared, target) -> tuple[dict | None, str]:
     return getattr(inner, "hf_device_map", None), "the loaded model's own hf_device_map"
 
 
-@dataclasses.dataclass
-class TrainerWrapReport:
+@dataclasses.dataclass(repr=False)
+class TrainerWrapReport(TextRepr):
     headline: WrapObservation
     map_reason: str
     scenarios: list[WrapObservation]
@@ -176,8 +177,8 @@ def trainer_wrap_report(prepared, target) -> TrainerWrapReport:
     return TrainerWrapReport(headline, reason, scenarios, releases, replica, baseline, installed)
 
 
-@dataclasses.dataclass
-class DeviceMapReport:
+@dataclasses.dataclass(repr=False)
+class DeviceMapReport(TextRepr):
     loaded: DeviceMapSummary
     predictions: list[DeviceMapSummary]
     gpus: int

@@ -19,6 +19,7 @@ from torch import nn
 
 from workbench.findings import Finding
 from workbench.recorder import probe
+from workbench.text_render import TextRepr
 
 MISSING = "—"
 # read by Trainer.__init__ / _wrap_model / validate_quantization_for_training and by accelerate's prepare
@@ -74,8 +75,8 @@ def snapshot(step: str, model: nn.Module) -> AttributeSnapshot:
                              sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params))
 
 
-@dataclasses.dataclass
-class AttributeReport:
+@dataclasses.dataclass(repr=False)
+class AttributeReport(TextRepr):
     snapshots: list[AttributeSnapshot]
     skipped: list[str]
 
@@ -188,8 +189,8 @@ def with_setup_attributes(report: AttributeReport, prepared, target) -> Attribut
                            report.skipped)
 
 
-@dataclasses.dataclass
-class LayerStatusReport:
+@dataclasses.dataclass(repr=False)
+class LayerStatusReport(TextRepr):
     model_status: dict[str, Any] | None
     layers: list[dict[str, Any]]
 

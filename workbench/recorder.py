@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench.findings import Finding, sort_findings, write_json_atomic
+from workbench.text_render import TextRepr
 
 
 def probe(*check_ids: str):
@@ -49,7 +50,7 @@ class Failed:
         return f"{self.step} could not run: {self.message}"
 
 
-class FindingsRecorder:
+class FindingsRecorder(TextRepr):
     def __init__(self, path: str | Path, notebook: str) -> None:
         self.path = Path(path)
         self.notebook = notebook
@@ -86,6 +87,6 @@ class FindingsRecorder:
                                       "findings": [f.to_dict() for f in sort_findings(self.findings)]})
 
     def _repr_html_(self) -> str:
-        from workbench.html import findings_table
+        from workbench.html import esc, findings_table
 
-        return "<h3>Findings of this notebook</h3>" + findings_table(self.findings)
+        return f"<h3>Findings · {esc(self.notebook)}</h3>" + findings_table(self.findings)

@@ -13,7 +13,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import re
 import time
 import uuid
 from pathlib import Path
@@ -86,29 +85,18 @@ def new_report_folder(reports_dir: Path, name: str, now: dt.datetime) -> tuple[P
     return temp, final
 
 
-CODE_TOGGLE = """<style>
-.jp-CodeCell .jp-Cell-inputWrapper { display: none; }
-body.wb-show-code .jp-CodeCell .jp-Cell-inputWrapper { display: block; }
-#wb-code-toggle { position: fixed; top: 8px; right: 12px; z-index: 10; font: 13px system-ui, sans-serif;
-  padding: 4px 10px; border: 1px solid #999; border-radius: 4px; background: #fff; cursor: pointer; }
-</style>"""
-CODE_BUTTON = ('<button id="wb-code-toggle" onclick="document.body.classList.toggle(\'wb-show-code\');'
-               "this.textContent=document.body.classList.contains('wb-show-code')?'hide code':'show code'\">"
-               "show code</button>")
+REPORT_TEMPLATE_DIR = Path(__file__).resolve().parent / "report_template"
 
 
 def export_html(executed: Path, html_path: Path) -> None:
-    """Self-contained HTML: code present but hidden until 'show code' is clicked, images inline, nothing fetched
-    from the internet (the lab template's require.js / MathJax CDN links are removed)."""
+    """Self-contained HTML with the workbench_report template (JupyterLab's markup, a compact stylesheet): code
+    present but hidden until 'show code' is clicked, images inline, nothing fetched from the internet."""
     import nbformat
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True,
-                            embed_images=True)
+    exporter = HTMLExporter(template_name="workbench_report", extra_template_basedirs=[str(REPORT_TEMPLATE_DIR)],
+                            exclude_input_prompt=True, exclude_output_prompt=True, embed_images=True)
     body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
-    body = re.sub(r'<script[^>]+src="https?://[^"]+"[^>]*>\s*</script>', "", body)
-    body = body.replace("</head>", CODE_TOGGLE + "</head>", 1)
-    body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + CODE_BUTTON, body, count=1)
     html_path.write_text(body)
 
 

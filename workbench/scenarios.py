@@ -19,6 +19,7 @@ from torch import nn
 from workbench.findings import Finding
 from workbench.recorder import probe
 from workbench.tracer import DtypeTracer
+from workbench.text_render import TextRepr
 
 CONTEXTS = ("no autocast", "autocast", "replica thread under autocast")
 DTYPE_ERROR = re.compile(r"dtype|BFloat16|Half|Float|Double", re.I)
@@ -134,8 +135,8 @@ def fix_for(diagnosis: dict[str, Any] | None) -> str:
             "forward under autocast in every thread (no DataParallel).")
 
 
-@dataclasses.dataclass
-class ForwardReport:
+@dataclasses.dataclass(repr=False)
+class ForwardReport(TextRepr):
     cells: list[Cell]
     inputs_how: str
     compute_dtype: str

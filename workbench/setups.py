@@ -19,6 +19,7 @@ import torch
 
 from workbench.errors import UsageError
 from workbench.loading import load_pretrained, load_processor, parse_dtype
+from workbench.text_render import TextRepr
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -142,8 +143,8 @@ def resolve_setup(spec: str | None) -> Callable[..., Any]:
     return func
 
 
-@dataclasses.dataclass
-class PreparedModel:
+@dataclasses.dataclass(repr=False)
+class PreparedModel(TextRepr):
     """The model the probes look at, as the set-up returned it, plus its processor (or tokenizer)."""
 
     model: Any

@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import UsageError
+from workbench.text_render import TextRepr
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 QUANTS = ("none", "4bit", "8bit")
 MAX_GPUS_PER_PROCESS = 64
 
 
-@dataclasses.dataclass
-class Target:
+@dataclasses.dataclass(repr=False)
+class Target(TextRepr):
     checkpoint: str  # as the user gave it
     model_dir: Path  # folder with config.json: the checkpoint, or the adapter's base
     adapter_dir: Path | None = None

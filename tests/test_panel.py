@@ -1,0 +1,105 @@
+"""The interactive panel without a browser (its widgets hold their state in Python), the text views of results,
+and the JupyterLab workspace `make lab` opens."""
+
+import json
+
+import pytest
+
+from workbench.lab import free_loopback_port, workspace
+from workbench.panel import GROUPS, Panel, PanelSession
+from workbench.text_render import html_to_text
+
+
+def test_the_path_box_validates_and_shows_the_base_an_adapter_resolves_to(demo, tmp_path):
+    panel = Panel(str(demo.qwen_stage2))
+    assert "✓" in panel.status.value and str(demo.qwen_stage1) in panel.status.value
+    assert "adapter_config.json" in panel.status.value and not panel.button.disabled
+
+    panel.base.value = str(demo.qwen_base)  # an override is shown with what the adapter records
+    assert f"from --base; adapter_config.json records {demo.qwen_stage1}" in panel.status.value
+
+    panel.path.value = str(tmp_path / "missing")
+    assert "✗" in panel.status.value and "does not exist" in panel.status.value and panel.button.disabled
+    assert panel.run() == []  # nothing runs on an invalid choice
+
+    panel.path.value, panel.base.value = str(demo.llama), ""
+    panel.gpus.value = 2
+    assert "model" in panel.status.value and panel.session.validate(str(demo.llama), gpus=2).gpus == 2
+
+
+def test_run_probes_fills_the_tabs_and_finds_the_demo_crash(demo):
+    panel = Panel(str(demo.qwen_stage2), quant="4bit", setup="qlora_trl_legacy", gpus=2)
+    findings = panel.run()
+    verdicts = {f.id: f.verdict for f in findings}
+    assert verdicts["forward.dtype_flow"] == "fail" and verdicts["parallel.trainer_wrap"] == "warn"
+    assert verdicts["checkpoint.integrity"] == "pass" and "peft.attributes" in verdicts
+    assert panel.progress.value == panel.progress.max == len(panel.session.steps_for(set(GROUPS)))
+    assert "done: " in panel.step_label.value and "worst FAIL" in panel.step_label.value
+    for tab, out in panel.outputs.items():  # every tab got a rendered result, HTML and text
+        assert out.outputs, f"tab {tab} is empty"
+        assert all({"text/html", "text/plain"} <= set(o["data"]) for o in out.outputs)
+    flow = " ".join(o["data"]["text/html"] for o in panel.outputs["Forward flow"].outputs)
+    assert "language_model.norm" in flow and "lm_head" in flow  # the break, named
+
+
+def test_only_the_ticked_groups_run_and_a_crashing_probe_does_not_stop_the_rest(demo, tmp_path, monkeypatch):
+    session = PanelSession(tmp_path)
+    target = session.validate(str(demo.llama))
+    labels = [s.label for s in session.steps_for({"DataParallel"})]
+    assert labels == ["prepare the model (set-up)", "Trainer wrap (DataParallel)"]
+
+    import workbench
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted probe crash")
+    broken.checks = ("checkpoint.integrity", "dtype.census")
+    monkeypatch.setattr(workbench, "checkpoint_report", broken)
+    seen = []
+    findings = session.run(target, {"Dtype census"}, lambda i, n, step, s: seen.append((i, step.label, s is None)))
+    by_id = {f.id: f for f in findings}
+    assert by_id["checkpoint.integrity"].verdict == "error" and "planted probe crash" in by_id["checkpoint.integrity"].detail
+    assert by_id["dtype.fp32_islands"].verdict in ("pass", "warn", "info")  # later steps still ran
+    assert [label for _, label, started in seen if started] == [s.label for s in session.steps_for({"Dtype census"})]
+    assert json.loads(next(tmp_path.glob("findings.panel.*.json")).read_text())["findings"]
+
+
+def test_results_print_as_text_derived_from_their_html(demo):
+    import workbench as wb
+
+    target = wb.resolve_target(str(demo.qwen_stage2))
+    text = repr(wb.checkpoint_report(target))
+    assert "object at 0x" not in text and "checkpoint.integrity" in text and "PASS" in text
+    assert "vision" in text and "language" in text  # the census table, as columns
+    assert repr(target).splitlines()[0].startswith("checkpoint")
+
+
+@pytest.mark.parametrize("html, expected", [
+    ("<h3>Census</h3><table><tr><th>dtype</th><th>n</th></tr><tr><td>bf16</td><td>3</td></tr></table>",
+     "Census\n\ndtype  n\n-----  -\nbf16   3"),
+    ("<p>one</p><ul><li>a</li><li>b <code>c</code></li></ul><style>p{}</style>", "one\n\n- a\n\n- b c"),
+    ("<table><tr><td>x<details><summary>evidence</summary><pre>{}</pre></details></td></tr></table>", "x"),
+])
+def test_html_to_text(html, expected):
+    assert html_to_text(html) == expected
+
+
+def test_wide_tables_print_as_records():
+    row = "<tr>" + "".join(f"<td>{'v' * 30}{i}</td>" for i in range(6)) + "</tr>"
+    head = "<tr>" + "".join(f"<th>col{i}</th>" for i in range(6)) + "</tr>"
+    text = html_to_text(f"<table>{head}{row}</table>")
+    assert text.splitlines()[0] == "col0  " + "v" * 30 + "0"
+
+
+def test_the_lab_workspace_opens_the_panel_first_then_the_numbered_notebooks(tmp_path):
+    for name in ("02_b.ipynb", "01_a.ipynb", "panel.ipynb", "scratch.ipynb"):
+        (tmp_path / name).write_text("{}")
+    dock = workspace(tmp_path)["data"]["layout-restorer:data"]["main"]["dock"]
+    assert dock["widgets"] == ["notebook:panel.ipynb", "notebook:01_a.ipynb", "notebook:02_b.ipynb"]
+
+
+def test_the_free_loopback_port_can_be_bound():
+    import socket
+
+    port = free_loopback_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # raises if somebody holds it
