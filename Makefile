@@ -13,12 +13,13 @@ SETUP ?=
 PARAMS ?=
 DEVICE_MAP ?=
 MAX_MEMORY ?=
+RECIPES ?=
 REPORTS ?= reports
 
 DIAGNOSE_ARGS := $(CKPT) \
 	$(if $(ADAPTER),--adapter $(ADAPTER)) $(if $(BASE),--base $(BASE)) $(if $(QUANT),--quant $(QUANT)) \
 	$(if $(GPUS),--gpus $(GPUS)) $(if $(SETUP),--setup $(SETUP)) $(if $(PARAMS),--params $(PARAMS)) \
-	$(if $(DEVICE_MAP),--device-map $(DEVICE_MAP)) $(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY)) \
+	$(if $(DEVICE_MAP),--device-map $(DEVICE_MAP)) $(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY)) $(if $(RECIPES),--recipes $(RECIPES)) \
 	--reports-dir $(REPORTS)
 
 .PHONY: install diagnose census demo test lab notebooks bench clean

@@ -118,6 +118,20 @@ NOTEBOOKS = {
                               "(× adapters on / off); the first failing cell is traced module by module."),
             new_code_cell("forward = rec.run(wb.forward_scenarios_report, prepared, target)\nforward"),
         ]),
+    "05_evaluation": notebook(
+        "05_evaluation", "05 · Evaluation across recipes",
+        ["eval.metrics", "eval.memory", "adapter.base_model", "placement.offload"],
+        [
+            new_markdown_cell("## Recipes\nFrom the recipes file (`--recipes`, or `recipes:` in `--params`), else the "
+                              "checkpoint itself; the original base is evaluated as a reference row."),
+            new_code_cell("recipes = rec.run(wb.recipes_for, target, target.params.get(\"recipes\"))\nrecipes"),
+            new_markdown_cell("## Evaluation, one recipe at a time\n"
+                              "Memory is freed before each recipe; each adapter is matched to the base it was trained "
+                              "on (`adapter.base_model`); where the base landed is read before the adapter goes on "
+                              "(`placement.offload`); then greedy answers are parsed and scored, and the reference "
+                              "answers are scored teacher-forced."),
+            new_code_cell("evaluation = rec.run(wb.evaluate_recipes, recipes, target)\nevaluation"),
+        ]),
 }
 
 

@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-memory", help="per-device memory, accelerate's format: 0=20GiB,1=20GiB,cpu=64GiB")
     d.add_argument("--dtype", default="auto", help="load dtype: auto (the checkpoint's), bf16, fp16, fp32")
     d.add_argument("--distributed", type=int, default=0, help="reserved: ranks for the torchrun probes")
+    d.add_argument("--recipes", help="a recipes YAML to evaluate side by side in notebook 05 (parameters/recipes.yaml)")
     d.add_argument("--reports-dir", default="reports", help="where reports go (default: reports/)")
     d.add_argument("--notebooks", nargs="*", help="only these notebooks (by number or name prefix)")
     d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
@@ -58,9 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_demo(args) -> int:
     from workbench.demo import build_demo
 
+    from workbench.demo import build_demo_recipes
+
     paths = build_demo(force=args.force)
     for label in ("qwen_base", "qwen_stage1", "qwen_stage2", "llama"):
         print(f"{label:12} {getattr(paths, label)}")
+    recipes = build_demo_recipes(force=args.force)
+    print(f"{'recipes':12} {recipes.recipes_file}")
     return 0
 
 
@@ -105,6 +110,11 @@ def cmd_diagnose(args) -> int:
         checkpoint, quant, setup = demo.checkpoint, quant or demo.quant, setup or demo.setup
         gpus = gpus if gpus != "1" else str(demo.gpus)
         params = {**json.loads(demo.params_json), **params}
+    if args.recipes:
+        from workbench.recipes import read_recipes
+
+        read_recipes(args.recipes)  # unusable file: exit 2 now, not an error deep in a notebook
+        params["recipes"] = str(Path(args.recipes).resolve())
     target = resolve_target(checkpoint, adapter=args.adapter, base=args.base, quant=quant or "none", gpus=gpus,
                             setup=setup, params=params, device_map=args.device_map,
                             max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code,

@@ -190,6 +190,60 @@ def build_demo(root: str | Path | None = None, force: bool = False) -> DemoPaths
 
 
 @dataclasses.dataclass(frozen=True)
+class DemoRecipes:
+    root: Path
+
+    @property
+    def recipes_file(self) -> Path:
+        return self.root / "recipes.yaml"
+
+    @property
+    def eval_dataset(self) -> Path:
+        return self.root / "grounding-eval"
+
+
+RECIPE_ORDER = ("r1-llm-only", "r2-vision-only", "r3-stage2", "r4-joint")
+
+
+def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=print) -> DemoRecipes:
+    """The seeds' four recipe shapes, trained for real on the CPU on the synthetic grounding task (a few minutes
+    once; cached under its own stamp beside the demo), with the recipes file notebook 05 evaluates."""
+    import yaml
+
+    from workbench.recipe_training import build_recipes
+
+    paths = build_demo(root)
+    target = paths.root / "recipes"
+    stamp_file = target / "RECIPES_STAMP.json"
+    stamp = _stamp(paths.root) + "/recipes-1"
+    if not force and stamp_file.exists() and stamp_file.read_text() == stamp:
+        return DemoRecipes(target)
+    building = Path(tempfile.mkdtemp(prefix="recipes.building-", dir=paths.root))
+    try:
+        log(f"training the demo recipes into {target} (once; a few minutes on 2 cores)")
+        built = build_recipes(paths.qwen_base, building, log=log)
+        # the adapters record their bases inside `building`; point them at the final folder before the move
+        for adapter in building.glob("*/adapter_config.json"):
+            text = adapter.read_text().replace(str(building), str(target))
+            adapter.write_text(text)
+        listing = {"base": str(paths.qwen_base), "dataset": "grounding-eval", "max_new_tokens": 24,
+                   "recipes": [{"name": n.replace("r3-stage2", "r3-two-stage"), "path": n} for n in RECIPE_ORDER
+                               if n in built]}
+        (building / "recipes.yaml").write_text("# The demo's recipes, trained by workbench.recipe_training\n"
+                                               + yaml.safe_dump(listing, sort_keys=False))
+        stamp_file_tmp = building / "RECIPES_STAMP.json"
+        stamp_file_tmp.write_text(stamp)
+        old = target.with_name(f"recipes.old-{os.getpid()}")
+        if target.exists():
+            os.replace(target, old)
+        os.replace(building, target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return DemoRecipes(target)
+
+
+@dataclasses.dataclass(frozen=True)
 class DemoArguments:
     """How `make diagnose` with no CKPT diagnoses the demo: the seeds' stage 2 as their 2024 SFTTrainer prepared it
     (4-bit, QLoRA, older trl's bf16 casting, 2 GPUs)."""
@@ -204,4 +258,5 @@ class DemoArguments:
 def demo_arguments(root: str | Path | None = None) -> DemoArguments:
     paths = build_demo(root)
     return DemoArguments(checkpoint=str(paths.qwen_stage2), quant="4bit", setup="qlora_trl_legacy", gpus=2,
-                         params_json=json.dumps({"compare": [str(paths.qwen_base)]}))  # base-vs-checkpoint row
+                         # base-vs-checkpoint row (01); the demo's trained recipes (05, built on first use)
+                         params_json=json.dumps({"compare": [str(paths.qwen_base)], "recipes": "demo"}))

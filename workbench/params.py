@@ -21,7 +21,10 @@ SCHEMA: dict[str, type] = {"components": dict, "real_quant_max_bytes": int, "com
                            # a safetensors file of forward inputs, for models whose inputs cannot be built
                            "forward_inputs": str,
                            # refuse to load above this many bytes instead of the machine's available memory
-                           "memory_limit_bytes": int}
+                           "memory_limit_bytes": int,
+                           # notebook 05: a recipes file ("demo": the bundled demo's), an evaluation dataset
+                           # folder (data.jsonl + images) and how many of its rows to use
+                           "recipes": str, "eval_dataset": str, "eval_samples": int}
 
 
 def validate_params(data: Any, source: str = "parameters") -> dict[str, Any]:

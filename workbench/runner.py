@@ -203,6 +203,7 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
     kernel_python = ensure_kernel()
     # kernels inherit the environment: keep the user's folder importable for --setup module:function
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    os.environ["WORKBENCH_BATCH"] = "1"  # probes print plain progress lines instead of widgets
     notebooks = find_notebooks(Path(notebook_dir), only=only)
     now = dt.datetime.now().astimezone()
     temp, final = new_report_folder(Path(reports_dir).resolve(), target.name, now)

@@ -14,7 +14,7 @@ import re
 from html.parser import HTMLParser
 
 BLOCKS = {"p", "div", "h1", "h2", "h3", "h4", "h5", "h6", "li", "pre", "summary", "br", "tr", "table", "details"}
-SKIPPED = {"style", "script"}
+SKIPPED = {"style", "script", "svg"}  # drawings carry their content in words beside them
 MAX_CELL = 300
 MAX_TABLE_WIDTH = 140  # wider tables print as one block of "column: value" lines per row
 
