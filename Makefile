@@ -14,12 +14,14 @@ PARAMS ?=
 DEVICE_MAP ?=
 MAX_MEMORY ?=
 RECIPES ?=
+DISTRIBUTED ?=
 REPORTS ?= reports
 
 DIAGNOSE_ARGS := $(CKPT) \
 	$(if $(ADAPTER),--adapter $(ADAPTER)) $(if $(BASE),--base $(BASE)) $(if $(QUANT),--quant $(QUANT)) \
 	$(if $(GPUS),--gpus $(GPUS)) $(if $(SETUP),--setup $(SETUP)) $(if $(PARAMS),--params $(PARAMS)) \
 	$(if $(DEVICE_MAP),--device-map $(DEVICE_MAP)) $(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY)) $(if $(RECIPES),--recipes $(RECIPES)) \
+	$(if $(DISTRIBUTED),--distributed $(DISTRIBUTED)) \
 	--reports-dir $(REPORTS)
 
 .PHONY: install diagnose census demo test lab notebooks bench clean

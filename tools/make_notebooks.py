@@ -20,6 +20,7 @@ dtype = "auto"
 params_json = "{}"    # contents of the --params file
 trust_remote_code = False
 allow_pickle = False
+distributed = 0       # ranks for the torchrun probes (notebook 06); 0: not asked
 findings_path = "findings.{name}.json"'''
 
 OPEN_TARGET = '''import workbench as wb
@@ -131,6 +132,18 @@ NOTEBOOKS = {
                               "(`placement.offload`); then greedy answers are parsed and scored, and the reference "
                               "answers are scored teacher-forced."),
             new_code_cell("evaluation = rec.run(wb.evaluate_recipes, recipes, target)\nevaluation"),
+        ]),
+    "06_distributed": notebook(
+        "06_distributed", "06 · Distributed: DDP and FSDP2 under torchrun",
+        ["distributed.ddp", "distributed.fsdp"],
+        [
+            new_markdown_cell("## The set-up on every rank, under `torchrun`\n"
+                              "`--distributed N` launches N ranks (gloo on CPU, nccl with a GPU per rank) on a free "
+                              "loopback port; each rank prepares the model with your set-up, wraps it in DDP and then "
+                              "in FSDP2 `fully_shard` with `MixedPrecisionPolicy(param_dtype=compute dtype)`, and runs "
+                              "training steps. Per-rank results side by side; a crashed or hung rank is an error "
+                              "with its traceback."),
+            new_code_cell("dist = rec.run(wb.distributed_report, target, ranks=distributed)\ndist"),
         ]),
 }
 

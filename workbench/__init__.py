@@ -7,6 +7,7 @@ from workbench.census import DtypeCensus, dtype_census, predicted_quantized_cens
 from workbench.checkpoint import inspect_checkpoint, static_census
 from workbench.components import ComponentClassifier
 from workbench.demo import build_demo, build_demo_recipes, demo_arguments
+from workbench.distributed_report import DistributedReport, distributed_report
 from workbench.dtype_report import (checkpoint_report, fp32_island_report, loaded_census_report,
                                     quantized_census_report, with_loaded_row)
 from workbench.errors import UsageError
@@ -33,6 +34,7 @@ from workbench.target import Target, resolve_target
 
 __all__ = [
     "ComponentClassifier",
+    "DistributedReport",
     "DtypeCensus",
     "DtypeTracer",
     "Failed",
@@ -48,6 +50,7 @@ __all__ = [
     "checkpoint_report",
     "demo_arguments",
     "device_map_report",
+    "distributed_report",
     "dtype_census",
     "evaluate_recipes",
     "forward_scenarios_report",

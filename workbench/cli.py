@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--device-map", help="device_map for loading: auto, balanced, cpu, N or JSON")
     d.add_argument("--max-memory", help="per-device memory, accelerate's format: 0=20GiB,1=20GiB,cpu=64GiB")
     d.add_argument("--dtype", default="auto", help="load dtype: auto (the checkpoint's), bf16, fp16, fp32")
-    d.add_argument("--distributed", type=int, default=0, help="reserved: ranks for the torchrun probes")
+    d.add_argument("--distributed", type=int, default=0,
+                   help="ranks for the DDP/FSDP2 probes under torchrun (notebook 06; default 0: not run)")
     d.add_argument("--recipes", help="a recipes YAML to evaluate side by side in notebook 05 (parameters/recipes.yaml)")
     d.add_argument("--reports-dir", default="reports", help="where reports go (default: reports/)")
     d.add_argument("--notebooks", nargs="*", help="only these notebooks (by number or name prefix)")
@@ -123,8 +124,11 @@ def cmd_diagnose(args) -> int:
         raise UsageError(f"--cell-timeout {args.cell_timeout}: use a number of seconds, 1 or more")
     if args.jobs < 0:
         raise UsageError(f"--jobs {args.jobs}: use 1 or more (0 chooses by cores and memory)")
+    if args.distributed == 1 or not 0 <= args.distributed <= 64:
+        raise UsageError(f"--distributed {args.distributed}: use a number of ranks from 2 to 64 (0: not run)")
     folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=args.notebooks,
-                                cell_timeout=args.cell_timeout, jobs=args.jobs or None)
+                                cell_timeout=args.cell_timeout, jobs=args.jobs or (1 if args.distributed else None),
+                                extra_parameters={"distributed": args.distributed})
     for f in findings:
         if f.verdict in ("fail", "error"):
             print(f"{f.verdict}: {f.id}: {f.title}")

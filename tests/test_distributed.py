@@ -1,0 +1,140 @@
+"""distributed.ddp / distributed.fsdp under a real torchrun: 2 ranks, gloo on the CPU, the user's set-up on each."""
+
+import json
+import time
+
+import psutil
+
+from workbench.distributed_report import READY_TWICE, distributed_report, grad_agreement
+from workbench.target import resolve_target
+
+
+def verdicts(report):
+    return {f.id: f for f in report.findings()}
+
+
+def user_setup(folder, monkeypatch, body: str) -> str:
+    """A `--setup recipe:load` importable from the current folder, as a user's training script would be."""
+    (folder / "recipe.py").write_text("import os\nimport time\n\nimport torch\n\nfrom workbench.setups import plain\n\n\n"
+                                      "def load(checkpoint, **options):\n" + body)
+    monkeypatch.chdir(folder)
+    return "recipe:load"
+
+
+def assert_nothing_left(report):
+    for pid in report.launch["pids"]:
+        try:
+            status = psutil.Process(pid).status()
+        except psutil.NoSuchProcess:
+            continue
+        assert status == psutil.STATUS_ZOMBIE, f"process {pid} outlived the launch ({status})"
+
+
+def test_healthy_model_passes_both_checks_and_shows_the_prefix_table(demo):
+    report = distributed_report(resolve_target(str(demo.llama)), ranks=2, timeout=240)
+    found = verdicts(report)
+    ddp, fsdp = found["distributed.ddp"], found["distributed.fsdp"]
+    assert ddp.verdict == "pass" and "equal on all 2 ranks" in ddp.title, (ddp.title, ddp.detail)
+    assert fsdp.verdict == "pass" and "rotary" in fsdp.detail, (fsdp.title, fsdp.detail)
+    rows = {r["selection"]: r for r in report.prefix_rows()}
+    assert rows['name.startswith("model.")']["bare"] > 0 and rows['name.startswith("model.")']["under_ddp"] == 0
+    assert "'module.'" in ddp.detail and "Base parameters enabled: 0" in ddp.detail
+    # each rank had its own batch: gradients differed before all-reduce, and are identical after it
+    assert report.section("ddp", 0)["trials"][0]["local_loss"] != report.section("ddp", 1)["trials"][0]["local_loss"]
+    agreement = ddp.evidence["agreement"]["find_unused_parameters=False"]
+    assert agreement["compared"] > 0 and not agreement["differ"]
+    assert ddp.evidence["data_loading"]["start_method"] == "fork"
+    assert ddp.evidence["data_loading"]["cuda_collate"]["tested"] is False  # CPU: skipped, and said why
+    assert READY_TWICE in ddp.detail  # what reentrant checkpointing would do, tried
+    json.dumps([f.to_dict() for f in report.findings()])
+    html = report._repr_html_()
+    assert "rank 1" in html and "wb-table" in html and "name.startswith(&quot;model.&quot;)" in html
+    assert "<code>model.embed_tokens.weight</code> is <code>module.model.embed_tokens.weight</code>" in html
+    assert "Name-based selections" in repr(report)
+    assert_nothing_left(report)
+
+
+def test_a_frozen_fp32_buffer_and_reentrant_checkpointing_are_named(demo, tmp_path, monkeypatch):
+    setup = user_setup(tmp_path, monkeypatch, (
+        "    from peft import LoraConfig, get_peft_model\n"
+        "    model = plain(checkpoint, **options)\n"
+        "    norm = model.model.norm  # frozen under LoRA; an fp32 buffer entering its output, like Gemma-4's std_bias\n"
+        "    norm.register_buffer('std_bias', torch.zeros(norm.weight.shape[0], dtype=torch.float32))\n"
+        "    original = norm.forward\n"
+        "    norm.forward = lambda hidden: original(hidden) - norm.std_bias\n"
+        "    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': True})\n"
+        "    return get_peft_model(model, LoraConfig(r=4, target_modules=['q_proj', 'v_proj']))\n"))
+    report = distributed_report(resolve_target(str(demo.llama), setup=setup), ranks=2, timeout=240)
+    found = verdicts(report)
+    fsdp = found["distributed.fsdp"]
+    assert fsdp.verdict == "fail", (fsdp.title, fsdp.detail)
+    assert "base_model.model.model.norm.std_bias (float32)" in fsdp.title and "frozen" in fsdp.title
+    assert "lm_head" in fsdp.detail and "output_dtype" in fsdp.fix
+    ddp = found["distributed.ddp"]
+    assert ddp.verdict == "fail" and READY_TWICE in ddp.title, (ddp.title, ddp.detail)
+    assert "use_reentrant=False" in ddp.detail and "static_graph=True" in ddp.detail  # the fixes, verified here
+    assert "use_reentrant" in ddp.fix and ddp.evidence["trainer_ddp_kwargs"]["kwargs"]["find_unused_parameters"]
+    # lora_A gets an exactly-zero gradient on a fresh LoRA's first step: equal on both ranks, not flagged
+    assert not ddp.evidence["agreement"]["find_unused_parameters=False"]["differ"]
+
+
+def test_a_trainable_tensor_off_the_forward_path_and_an_anchored_pattern_warn(demo, tmp_path, monkeypatch):
+    setup = user_setup(tmp_path, monkeypatch, (
+        "    model = plain(checkpoint, **options)\n"
+        "    model.model.unused_adapter = torch.nn.Linear(8, 8)  # trainable, never called by forward\n"
+        "    return model\n"))
+    target = resolve_target(str(demo.llama), setup=setup, params={"components": {"head": ["^lm_head"]}})
+    report = distributed_report(target, ranks=2, timeout=240)
+    ddp = verdicts(report)["distributed.ddp"]
+    assert ddp.verdict == "warn", (ddp.title, ddp.detail)
+    assert ddp.title.startswith("2 trainable tensor(s) get no gradient") and "re.search('^lm_head', name)" in ddp.title
+    assert ddp.evidence["unused"] == ["model.unused_adapter.weight", "model.unused_adapter.bias"]
+    baseline = ddp.evidence["trials"][0]
+    assert all("Expected to have finished reduction" in outcome for outcome in baseline["per_rank"])
+    pattern = next(r for r in report.prefix_rows() if r["source"] == "parameters file: components.head")
+    assert (pattern["bare"], pattern["under_ddp"]) == (1, 0)
+    assert "module" in ddp.fix and "requires_grad_(False)" in ddp.fix
+
+
+def test_a_rank_that_crashes_is_an_error_carrying_its_traceback(demo, tmp_path, monkeypatch):
+    setup = user_setup(tmp_path, monkeypatch, (
+        "    if os.environ['RANK'] == '1':\n"
+        "        raise RuntimeError('rank one cannot read its shard')\n"
+        "    return plain(checkpoint, **options)\n"))
+    report = distributed_report(resolve_target(str(demo.llama), setup=setup), ranks=2, timeout=240)
+    for finding in report.findings():
+        assert finding.verdict == "error", finding.title
+        assert finding.title.startswith("Rank 1 crashed during set-up for DDP: RuntimeError"), finding.title
+        assert "rank one cannot read its shard" in finding.evidence["traceback"]
+        assert "recipe.py" in finding.evidence["traceback"] and "Traceback" in finding.evidence["traceback"]
+    assert_nothing_left(report)
+
+
+def test_a_hanging_rank_times_out_and_leaves_no_process(demo, tmp_path, monkeypatch):
+    setup = user_setup(tmp_path, monkeypatch, "    time.sleep(600)\n")
+    start = time.monotonic()
+    report = distributed_report(resolve_target(str(demo.llama), setup=setup), ranks=2, timeout=25)
+    assert time.monotonic() - start < 25 + 15
+    for finding in report.findings():
+        assert finding.verdict == "error" and finding.title == "Timed out after 25 s", finding.title
+        assert "rank 1: set-up for DDP" in finding.detail  # where each rank was when it was stopped
+    assert report.launch["killed"]
+    assert_nothing_left(report)
+
+
+def test_gradient_agreement_names_the_tensor_a_rank_disagrees_on():
+    ranks = [{"grads": {"a": [1.0, 2.0], "b": None, "c": [0.0, 0.0], "d": [3.0, 4.0]}},
+             {"grads": {"a": [1.0, 2.5], "b": None, "c": [0.0, 0.0], "d": None}}]
+    agreement = grad_agreement(ranks)
+    assert agreement["differ"] == ["a"] and agreement["present_on_some_ranks_only"] == ["d"]
+    assert agreement["compared"] == 4
+
+
+def test_not_asked_and_too_big_are_skips_that_launch_nothing(demo):
+    assert distributed_report.checks == ("distributed.ddp", "distributed.fsdp")
+    found = verdicts(distributed_report(resolve_target(str(demo.llama)), ranks=0))
+    assert {f.verdict for f in found.values()} == {"skip"} and "--distributed" in found["distributed.ddp"].fix
+    tight = resolve_target(str(demo.llama), params={"memory_limit_bytes": 100_000})
+    report = distributed_report(tight, ranks=2)
+    assert not report.launch and "would not fit" in report.findings()[0].title
+    assert "2 ranks each load the model" in report.findings()[1].detail
