@@ -138,3 +138,19 @@ def test_not_asked_and_too_big_are_skips_that_launch_nothing(demo):
     report = distributed_report(tight, ranks=2)
     assert not report.launch and "would not fit" in report.findings()[0].title
     assert "2 ranks each load the model" in report.findings()[1].detail
+
+
+def test_diagnose_with_distributed_2_reports_both_checks_in_notebook_06(demo, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(demo.llama), "--distributed", "2",
+                             "--notebooks", "06", "--reports-dir", str(tmp_path)], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    folder = Path(result.stdout.strip().splitlines()[-1].removeprefix("report: "))
+    verdicts = {f["id"]: f["verdict"] for f in json.loads((folder / "findings.json").read_text())["findings"]}
+    assert verdicts == {"distributed.ddp": "pass", "distributed.fsdp": "pass"}
+    html = (folder / "06_distributed.html").read_text()
+    assert "Name-based selections" in html and "rank 1" in html

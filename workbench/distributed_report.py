@@ -10,8 +10,9 @@ although each rank had its own batch; trainable tensors that get no gradient (DD
 `find_unused_parameters=True`); the Trainer's own `find_unused_parameters` against reentrant gradient
 checkpointing ("Expected to mark a variable ready only once"), with the fixes tried. FSDP2: `fully_shard` on the
 decoder blocks and the root with `MixedPrecisionPolicy(param_dtype=<compute dtype>)`, one step under the dtype
-tracer; a buffer the policy leaves in fp32 that promotes activations is named. The ranks' work is in
-`workbench.distributed_probe`; the launch (free port, timeout, no process left behind) in `workbench.torchrun`.
+tracer; a buffer the policy leaves in fp32 that promotes activations is named. Each rank runs
+`workbench.distributed_probe`; each check's trials and verdict are in `workbench.distributed_ddp` and
+`workbench.distributed_fsdp`; the launch (free port, timeout, no process left behind) in `workbench.torchrun`.
 """
 
 from __future__ import annotations
@@ -23,16 +24,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workbench.distributed_probe import READY_TWICE, UNFINISHED
+from workbench.distributed_ddp import READY_TWICE, ddp_finding, grad_agreement
+from workbench.distributed_fsdp import fsdp_finding
 from workbench.findings import Finding
 from workbench.recorder import probe
 from workbench.text_render import TextRepr
 from workbench.torchrun import RankRun, backend_for, launch_ranks
 
+# READY_TWICE and grad_agreement live in distributed_ddp; importable from here as before
+__all__ = ["READY_TWICE", "DistributedReport", "distributed_report", "grad_agreement"]
+
 CHECK_IDS = {"ddp": "distributed.ddp", "fsdp": "distributed.fsdp"}
-GRAD_TOLERANCE = 1e-5  # relative to the tensor's gradient norm; all-reduce leaves every rank bit-identical
-REENTRANT_FIX = ("gradient_checkpointing_kwargs={'use_reentrant': False} (transformers 5's default), or "
-                 "TrainingArguments(ddp_find_unused_parameters=False), or ddp_static_graph=True")
 
 
 @dataclasses.dataclass(repr=False)
@@ -66,6 +68,10 @@ class DistributedReport(TextRepr):
 
     def prefix_rows(self) -> list[dict[str, Any]]:
         return ((self.section("ddp") or {}).get("names") or {}).get("selections", [])
+
+    def launch_summary(self) -> dict[str, Any]:
+        """The launch without torchrun's output: what each finding's evidence carries."""
+        return {k: v for k, v in self.launch.items() if k != "output_tail"}
 
     # ----- findings -----
     def findings(self) -> list[Finding]:
@@ -151,260 +157,7 @@ class DistributedReport(TextRepr):
         return list(rows.values())
 
 
-# ----- distributed.ddp -----
-
-def grad_agreement(per_rank: list[dict[str, Any]], key: str = "grads") -> dict[str, Any]:
-    """Tensors whose gradient differs between ranks, or is present on some ranks only ([sum, norm] per rank)."""
-    grads = [t.get(key) or {} for t in per_rank]
-    differ, partial, worst = [], [], 0.0
-    for name, first in grads[0].items():
-        values = [g.get(name) for g in grads]
-        if any(v is None for v in values):
-            if any(v is not None for v in values):
-                partial.append(name)
-            continue
-        scale = max(abs(first[1]), 1e-30)
-        gap = max(abs(v[i] - first[i]) / scale for v in values for i in (0, 1))
-        worst = max(worst, gap)
-        if gap > GRAD_TOLERANCE:
-            differ.append(name)
-    return {"compared": len(grads[0]), "differ": differ, "present_on_some_ranks_only": partial,
-            "max_relative_difference": worst}
-
-
-def ddp_finding(report: DistributedReport) -> Finding:
-    sec = report.section("ddp") or {}
-    evidence = ddp_evidence(report)
-    if not sec.get("trainable"):
-        return Finding("distributed.ddp", "skip", "Nothing is trainable: DDP has nothing to synchronise",
-                       "DistributedDataParallel refuses a model without trainable parameters. " + _prefix_text(report),
-                       evidence, "Use a training set-up (qlora, sft, or yours) to diagnose DDP.")
-    baseline, user = report.trial("baseline"), report.trial("trainer") or report.trial("baseline")
-    user_error = next((t["error"] for t in user if t.get("error")), None)
-    if user_error and (READY_TWICE in user_error or UNFINISHED in user_error):
-        return _ddp_error_finding(report, user, user_error, evidence)
-    if user_error:
-        return Finding("distributed.ddp", "error", "The training step fails under DDP, not in DDP itself",
-                       user_error, evidence, "Fix the step itself first (see grad.flow and forward.scenarios).")
-    for per_rank in (baseline, user):
-        if per_rank and not any(t.get("error") for t in per_rank):
-            agreement = grad_agreement(per_rank)
-            if agreement["differ"] or agreement["present_on_some_ranks_only"]:
-                bad = agreement["differ"] + agreement["present_on_some_ranks_only"]
-                return Finding("distributed.ddp", "fail",
-                               f"Gradients differ between ranks after all-reduce: {len(bad)} tensor(s), e.g. {bad[0]}",
-                               f"Under {per_rank[0]['label']}, the step ran without an error but the ranks hold "
-                               f"different gradients (largest relative gap {agreement['max_relative_difference']:.2e})"
-                               ": the replicas drift apart silently.", evidence,
-                               "Something bypasses DDP's gradient hooks (parameters replaced after wrapping, grads "
-                               "written by hand, no_sync() left on); wrap the model after every change to it.")
-    unused = unused_tensors(report)
-    unfinished = any(UNFINISHED in (t.get("error") or "") for t in baseline)
-    lost = [r for r in report.prefix_rows() if r["lost"] and r["source"].startswith("parameters file")]
-    if unused or unfinished or lost:
-        return _ddp_warn_finding(report, unused, unfinished, lost, evidence)
-    agreement = grad_agreement(user)
-    before = grad_agreement(baseline, "local_grads")
-    return Finding("distributed.ddp", "pass",
-                   f"All {agreement['compared']} trainable tensors get a gradient, equal on all {report.ranks} ranks "
-                   "after all-reduce",
-                   (f"Each rank had its own batch: {len(before['differ'])} of {before['compared']} gradients "
-                    f"differed before all-reduce, none after (largest relative gap "
-                    f"{agreement['max_relative_difference']:.1e}). " if report.ranks > 1 else
-                    "One rank: nothing to compare gradients with (use ranks=2 or more). ")
-                   + _prefix_text(report) + _what_if_text(report) + _data_loading_text(report), evidence)
-
-
-def _ddp_warn_finding(report: DistributedReport, unused: list[str], unfinished: bool, lost: list[dict],
-                      evidence: dict) -> Finding:
-    """Hazards the run survives: tensors off the forward path (the Trainer's find_unused_parameters=True copes, at
-    a cost), and your own parameters-file patterns that stop matching under the `module.` prefix."""
-    sec = report.section("ddp") or {}
-    titles, details, fixes = [], [], []
-    if unused or unfinished:
-        titles.append(f"{len(unused)} trainable tensor(s) get no gradient: DDP needs find_unused_parameters=True")
-        details.append(f"No gradient for e.g. {', '.join(unused[:3]) or '(none seen on the first step)'}. "
-                       "With find_unused_parameters=False the next "
-                       f"step raises '{UNFINISHED}…' (tried here); the Trainer passes find_unused_parameters=True "
-                       f"for this model ({sec['trainer']['why']}), which copes.")
-        fixes.append("Freeze what the forward does not use (requires_grad_(False)) to keep DDP's cheaper "
-                     "find_unused_parameters=False, or keep TrainingArguments(ddp_find_unused_parameters=True).")
-    if lost:
-        titles.append(f"your pattern {lost[0]['selection']} finds {lost[0]['bare']} tensor(s) on the bare model and "
-                      f"{lost[0]['under_ddp']} under DDP")
-        fixes.append(_prefix_fix(report))
-    title = "; ".join(titles)
-    return Finding("distributed.ddp", "warn", title[:1].upper() + title[1:],
-                   " ".join(details + [_prefix_text(report)]) + _data_loading_text(report), evidence, " ".join(fixes))
-
-
-def _ddp_error_finding(report: DistributedReport, user: list[dict], error: str, evidence: dict) -> Finding:
-    sec = report.section("ddp") or {}
-    label = user[0]["label"]
-    worked = [t["label"].removeprefix("fix: ") for t in report.trials(0) if t["role"] in ("fix", "baseline")
-              and not t["error"]]
-    if READY_TWICE in error:
-        cp = sec["checkpointing"]
-        how = ("use_reentrant not passed (torch.utils.checkpoint then runs reentrant)" if cp["use_reentrant"] is None
-               else f"use_reentrant={cp['use_reentrant']}")
-        return Finding("distributed.ddp", "fail",
-                       f"DDP {label} raises 'Expected to mark a variable ready only once'",
-                       f"Gradient checkpointing is on with {how}: each checkpointed "
-                       "block runs its backward re-entrantly, and with find_unused_parameters=True DDP marks its "
-                       f"parameters ready twice. The Trainer chooses these arguments ({sec['trainer']['why']}). "
-                       f"Verified here to work: {', '.join(worked) or 'none of the fixes tried'}.",
-                       evidence, REENTRANT_FIX)
-    return Finding("distributed.ddp", "fail", f"DDP {label} raises '{UNFINISHED}…'",
-                   f"{len(unused_tensors(report))} trainable tensor(s) get no gradient, and this wrapping does not "
-                   f"look for unused parameters. Verified here to work: {', '.join(worked) or 'none'}.", evidence,
-                   "TrainingArguments(ddp_find_unused_parameters=True), or freeze what the forward does not use.")
-
-
-def unused_tensors(report: DistributedReport) -> list[str]:
-    """Trainable tensors with no gradient on any rank after the first synchronised step."""
-    per_rank = report.trial("trainer") or report.trial("baseline")
-    grads = [t.get("grads") or {} for t in per_rank]
-    return [n for n in grads[0] if all(g.get(n) is None for g in grads)] if grads else []
-
-
-def ddp_evidence(report: DistributedReport) -> dict[str, Any]:
-    sec = report.section("ddp") or {}
-    trials = [{"label": t["label"], "role": t["role"], "ddp_kwargs": t["ddp_kwargs"],
-               "per_rank": [(r.get("error") or f"ok, losses {r.get('losses')}") for r in report.trial_named(t["label"])]}
-              for t in report.trials(0)]
-    return {"ranks": report.ranks, "backend": report.backend, "model": sec.get("model"),
-            "compute_dtype": sec.get("compute_dtype"), "inputs": sec.get("inputs"), "trainable": sec.get("trainable"),
-            "trainer_ddp_kwargs": sec.get("trainer"), "checkpointing": sec.get("checkpointing"), "trials": trials,
-            "agreement": {t["label"]: _agreement_summary(report.trial_named(t["label"])) for t in report.trials(0)
-                          if "grads" in t},
-            "unused": unused_tensors(report)[:40], "names": sec.get("names"), "data_loading": sec.get("data_loading"),
-            "versions": (report.results.get(0) or {}).get("versions"), "launch": _launch_summary(report)}
-
-
-def _agreement_summary(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    a = grad_agreement(per_rank)
-    return {**a, "differ": a["differ"][:20], "present_on_some_ranks_only": a["present_on_some_ranks_only"][:20]}
-
-
-def _prefix_text(report: DistributedReport) -> str:
-    rows = report.prefix_rows()
-    lost = [r for r in rows if r["lost"]]
-    prefix = ((report.section("ddp") or {}).get("names") or {}).get("prefix", "module.")
-    if not lost:
-        return f"Names under DDP gain {prefix!r}; no selection tried here loses a match."
-    return (f"Names under DDP gain {prefix!r}: {len(lost)} of {len(rows)} name-based selections find fewer tensors "
-            f"on the wrapper, e.g. {lost[0]['selection']} finds {lost[0]['bare']} on the bare model and "
-            f"{lost[0]['under_ddp']} under DDP (a selection made after wrapping prints 'Base parameters enabled: 0').")
-
-
-def _prefix_fix(report: DistributedReport) -> str:
-    if not any(r["lost"] for r in report.prefix_rows()):
-        return ""
-    return ("Select parameters on the unwrapped model (ddp_model.module, or accelerator.unwrap_model(model)) or "
-            "before wrapping; strip 'module.' from names and state_dict keys (workbench.grad_flow.normalize_name) "
-            "before matching or saving.")
-
-
-def _what_if_text(report: DistributedReport) -> str:
-    what_if = report.trial("what if")
-    error = next((t["error"] for t in what_if if t.get("error")), None)
-    if not what_if:
-        return ""
-    if error and READY_TWICE in error:
-        return (" Were gradient checkpointing turned on with use_reentrant=True, DDP with find_unused_parameters=True "
-                f"would raise '{READY_TWICE}' (tried here): keep use_reentrant=False.")
-    return " Reentrant gradient checkpointing under find_unused_parameters=True was tried too: " + (error or "it runs.")
-
-
-def _data_loading_text(report: DistributedReport) -> str:
-    facts = (report.section("ddp") or {}).get("data_loading") or {}
-    if not facts:
-        return ""
-    cuda = facts.get("cuda_collate") or {}
-    if not cuda.get("tested"):
-        tail = "whether a collate touching CUDA survives them is tested on GPU machines only"
-    elif cuda.get("fails"):
-        tail = (f"a collate touching CUDA fails in them ({cuda.get('error')}): keep CUDA out of collate_fn (move the "
-                "batch in the training step) or DataLoader(multiprocessing_context='spawn')")
-    else:
-        tail = "a collate touching CUDA works in them"
-    return f" DataLoader workers start with {facts['start_method']!r}; {tail}."
-
-
-# ----- distributed.fsdp -----
-
-def fsdp_finding(report: DistributedReport) -> Finding:
-    per_rank = [report.section("fsdp", r) or {} for r in range(report.ranks)]
-    sec = next((s for s in per_rank if s.get("shard_error") or s.get("error") or s.get("promoting")), per_rank[0])
-    evidence = {k: sec.get(k) for k in ("compute_dtype", "policy", "quantized", "units", "shard_error", "error",
-                                        "diagnosis", "promoting", "keep_fp32", "inputs", "loss")}
-    evidence.update(buffers=sec.get("buffers", [])[:40], traceback=sec.get("traceback"),
-                    per_rank={r: s.get("shard_error") or s.get("error") or "ok" for r, s in enumerate(per_rank)},
-                    versions=(report.results.get(0) or {}).get("versions"), launch=_launch_summary(report))
-    compute = sec.get("compute_dtype")
-    if sec.get("shard_error"):
-        if sec.get("quantized"):
-            return Finding("distributed.fsdp", "skip", "fully_shard refuses this quantized model",
-                           sec["shard_error"], evidence, "FSDP with bitsandbytes needs bnb_4bit_quant_storage set to "
-                           "the compute dtype (FSDP-QLoRA); or train with DDP.")
-        return Finding("distributed.fsdp", "warn", f"fully_shard raises on this model: {sec['shard_error'][:200]}",
-                       f"Applied to {len(sec['units'])} block(s) from _no_split_modules, then the root.", evidence,
-                       "Read the traceback in the evidence.")
-    promoting, diagnosis = sec.get("promoting") or [], sec.get("diagnosis")
-    if promoting or (sec.get("error") and diagnosis):
-        return _fsdp_leak_finding(sec, promoting, diagnosis, evidence)
-    if sec.get("error"):
-        return Finding("distributed.fsdp", "warn", "The FSDP2 step fails, not on a dtype mismatch",
-                       f"{sec['error']} (the dtype tracer saw no mismatch; this may be particular to this machine's "
-                       f"{report.backend} backend).", evidence, "Read the traceback in the evidence.")
-    quiet = [b for b in sec.get("buffers", []) if not b["rotary"]]
-    units = f"{len(sec['units'])} block(s) and the root sharded under {sec['policy']}"
-    if sec.get("keep_fp32") or quiet:
-        return Finding("distributed.fsdp", "info", f"The FSDP2 step runs ({units}); some tensors stay off {compute}",
-                       (f"{len(sec['keep_fp32'])} parameter(s) kept in fp32 on purpose (_keep_in_fp32_modules, e.g. "
-                        f"{sec['keep_fp32'][0]['name']}) are cast to {compute} by the policy too. "
-                        if sec.get("keep_fp32") else "")
-                       + (f"{len(quiet)} buffer(s) stay off {compute} without promoting anything, e.g. "
-                          f"{quiet[0]['name']} ({quiet[0]['dtype']})." if quiet else ""), evidence,
-                       "Give modules that must compute in fp32 their own fully_shard(module, mp_policy="
-                       "MixedPrecisionPolicy(param_dtype=torch.float32)).")
-    rotary = sum(b["rotary"] for b in sec.get("buffers", []))
-    return Finding("distributed.fsdp", "pass", f"The FSDP2 step runs: {units}",
-                   f"loss {sec['loss']:.4f}; no buffer promotes activations"
-                   + (f" ({rotary} rotary inv_freq buffer(s) stay fp32 on purpose)" if rotary else "")
-                   + (". 4-bit weights keep bitsandbytes' storage dtype: the policy shards them but does not cast them"
-                      if sec.get("quantized") else "") + ".", evidence)
-
-
-def _fsdp_leak_finding(sec: dict, promoting: list[dict], diagnosis: dict | None, evidence: dict) -> Finding:
-    compute = sec["compute_dtype"]
-    broke = f"The step fails: {sec['error']}. " if sec.get("error") else ""
-    traced = f"Traced: {diagnosis['summary']}. " if diagnosis else ""
-    if promoting:
-        first = promoting[0]
-        frozen = "frozen " if first["module_frozen"] else ""
-        return Finding("distributed.fsdp", "fail",
-                       f"Under FSDP2 {sec['policy']}, buffer {first['name']} ({first['dtype']}) of {frozen}module "
-                       f"{first['module'] or '(root)'} promotes activations to {first['out']}",
-                       broke + traced + f"The policy casts parameters to {compute} but never buffers: "
-                       f"`{first['module']}` takes {first['in']} in and gives {first['out']} out.", evidence,
-                       f"Cast the buffer before fully_shard: model.get_submodule('{first['module']}')."
-                       f"{first['buffer']}.data = ….to(torch.{compute}) (or .to(torch.{compute}) the frozen module); "
-                       f"or give that module its own fully_shard(..., mp_policy=MixedPrecisionPolicy("
-                       f"param_dtype=torch.{compute}, output_dtype=torch.{compute})).")
-    return Finding("distributed.fsdp", "fail", f"Under FSDP2 {sec['policy']}, `{diagnosis['module']}` receives "
-                   f"{diagnosis['input_dtype']} (its weight is {diagnosis['module_weight']})",
-                   broke + traced, evidence,
-                   f"Make `{diagnosis.get('producer') or diagnosis['module']}` output {compute}: cast its buffers or "
-                   f"weights to {compute} before fully_shard, or give it its own fully_shard with "
-                   f"MixedPrecisionPolicy(output_dtype=torch.{compute}).")
-
-
 # ----- helpers -----
-
-def _launch_summary(report: DistributedReport) -> dict[str, Any]:
-    return {k: v for k, v in report.launch.items() if k != "output_tail"}
-
 
 def _clip(text: str | None, chars: int = 140) -> str | None:
     return text if not text or len(text) <= chars else text[: chars - 1] + "…"
