@@ -103,3 +103,24 @@ def test_the_free_loopback_port_can_be_bound():
     port = free_loopback_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # raises if somebody holds it
+
+
+def test_make_lab_prints_a_working_url_and_stops_on_ctrl_c(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    process = subprocess.Popen([sys.executable, "-m", "workbench", "lab"], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path)})
+    try:
+        url = next(line.strip() for line in process.stdout if "/lab/workspaces/workbench?token=" in line)
+        base, token = url.split("/lab/")[0], url.rsplit("token=", 1)[1]
+        assert base.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(f"{base}/api/contents?token={token}") as r:  # the notebooks folder is served
+            names = {item["name"] for item in json.loads(r.read())["content"]}
+        assert {"panel.ipynb", "05_evaluation.ipynb"} <= names
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0

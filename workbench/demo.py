@@ -167,6 +167,15 @@ def _stamp(root: Path) -> str:
                        "peft": peft.__version__})
 
 
+def _move_into_place(building: Path, final: Path) -> None:
+    """Swap a finished build in for the old one: readers see the old folder or the new one, never half of either."""
+    old = final.with_name(f"{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(building, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def build_demo(root: str | Path | None = None, force: bool = False) -> DemoPaths:
     """Build the demo checkpoints (or reuse them when the stamp matches). Safe with two builds at once."""
     root = Path(root) if root else default_demo_root()
@@ -179,11 +188,7 @@ def build_demo(root: str | Path | None = None, force: bool = False) -> DemoPaths
     try:
         _build(building)
         (building / "DEMO_STAMP.json").write_text(_stamp(root))
-        old = root.with_name(f"{root.name}.old-{os.getpid()}")
-        if root.exists():
-            os.replace(root, old)
-        os.replace(building, root)
-        shutil.rmtree(old, ignore_errors=True)
+        _move_into_place(building, root)
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return DemoPaths(root)
@@ -233,11 +238,7 @@ def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=
                                                + yaml.safe_dump(listing, sort_keys=False))
         stamp_file_tmp = building / "RECIPES_STAMP.json"
         stamp_file_tmp.write_text(stamp)
-        old = target.with_name(f"recipes.old-{os.getpid()}")
-        if target.exists():
-            os.replace(target, old)
-        os.replace(building, target)
-        shutil.rmtree(old, ignore_errors=True)
+        _move_into_place(building, target)
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return DemoRecipes(target)
@@ -259,4 +260,4 @@ def demo_arguments(root: str | Path | None = None) -> DemoArguments:
     paths = build_demo(root)
     return DemoArguments(checkpoint=str(paths.qwen_stage2), quant="4bit", setup="qlora_trl_legacy", gpus=2,
                          # base-vs-checkpoint row (01); the demo's trained recipes (05, built on first use)
-                         params_json=json.dumps({"compare": [str(paths.qwen_base)], "recipes": "demo"}))
+                         params_json=json.dumps({"compare": [str(paths.qwen_base)], "recipes": f"demo:{paths.root}"}))

@@ -112,13 +112,14 @@ def read_recipes(path: str | Path) -> RecipeList:
 
 
 def recipes_for(target, recipes_path: str | None = None) -> RecipeList:
-    """The recipes file when given (the demo's: "demo", built on first use), else the target as one recipe with its
-    base as the reference row. Dataset and sample count from the parameters (`eval_dataset`, `eval_samples`)
+    """The recipes file when given ("demo" or "demo:ROOT": the bundled demo's, trained on first use), else the target
+    as one recipe with its base as the reference row. Dataset and sample count from the parameters (`eval_dataset`, `eval_samples`)
     override the file's."""
-    if recipes_path == "demo":
+    if recipes_path and recipes_path.split(":", 1)[0] == "demo":
         from workbench.demo import build_demo_recipes
 
-        recipes_path = str(build_demo_recipes().recipes_file)
+        root = recipes_path.partition(":")[2] or None
+        recipes_path = str(build_demo_recipes(root).recipes_file)
     if recipes_path:
         listed = read_recipes(recipes_path)
     else:
