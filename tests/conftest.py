@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from workbench.demo import DemoPaths, build_demo  # noqa: E402
+from workbench.demo import DemoPaths, DemoRecipes, build_demo, build_demo_recipes  # noqa: E402
 from workbench.runtime import quiet_and_offline  # noqa: E402
 
 quiet_and_offline()
@@ -19,6 +19,12 @@ quiet_and_offline()
 def demo(tmp_path_factory) -> DemoPaths:
     """The bundled demo, built once per test session into a temporary cache."""
     return build_demo(tmp_path_factory.mktemp("cache") / "demo")
+
+
+@pytest.fixture(scope="session")
+def demo_recipes(demo) -> DemoRecipes:
+    """The demo's four recipes, trained once per test session beside the session's demo (a few minutes)."""
+    return build_demo_recipes(demo.root, log=lambda *_: None)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from workbench.demo import build_demo
 from workbench.runner import diagnose, new_report_folder
 from workbench.target import resolve_target
 
@@ -20,7 +19,10 @@ NOTEBOOK_01_CHECKS = {"checkpoint.integrity", "dtype.census", "dtype.quantized_c
 NOTEBOOK_02_CHECKS = {"parallel.trainer_wrap", "parallel.device_map"}
 NOTEBOOK_03_CHECKS = {"peft.attributes", "peft.layer_status"}
 NOTEBOOK_04_CHECKS = {"grad.flow", "forward.mixed_precision_buffers", "forward.scenarios", "forward.dtype_flow"}
-ALL_CHECKS = NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOTEBOOK_04_CHECKS
+NOTEBOOK_05_CHECKS = {"eval.metrics", "eval.memory", "adapter.base_model", "placement.offload"}
+NOTEBOOK_06_CHECKS = {"distributed.ddp", "distributed.fsdp"}
+ALL_CHECKS = (NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOTEBOOK_04_CHECKS | NOTEBOOK_05_CHECKS
+              | NOTEBOOK_06_CHECKS)
 
 
 def run_cli(*args, cwd=None, env=None):
@@ -35,11 +37,11 @@ def only_report(reports: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(tmp_path):
-    # what `make diagnose` runs: no CKPT -> the demo's stage-2 adapter, 4-bit, QLoRA set-up, 2 GPUs
-    result = run_cli("--reports-dir", tmp_path / "reports", env={"WORKBENCH_CACHE": str(tmp_path / "cache")})
+def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_recipes, tmp_path):
+    # what `make diagnose` runs: no CKPT -> the demo's stage-2 adapter, 4-bit, QLoRA set-up, 2 GPUs; the session's
+    # demo cache (its recipes already trained) stands in for .cache/demo
+    result = run_cli("--reports-dir", tmp_path / "reports", env={"WORKBENCH_CACHE": str(demo.root.parent)})
     assert result.returncode == 1, result.stdout + result.stderr  # the demo's planted crash is a `fail`
-    demo = build_demo(tmp_path / "cache" / "demo")  # reused: the stamp matches
     folder = only_report(tmp_path / "reports")
     assert result.stdout.strip().splitlines()[-1] == f"report: {folder}"
     assert folder.parent.name == dt.date.today().isoformat()
@@ -54,7 +56,7 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(tmp_path):
     # transformers 5.23 does not wrap the 4-bit model, but doubles its batch; older releases crash in the replica
     wrap = next(f for f in report["findings"] if f["id"] == "parallel.trainer_wrap")
     assert wrap["verdict"] == "warn" and "136 → 68" in wrap["title"] and "BFloat16" in wrap["detail"]
-    assert [n["status"] for n in report["notebooks"]] == ["ok", "ok", "ok", "ok"]
+    assert [n["status"] for n in report["notebooks"]] == ["ok"] * 6
     # the seeds' configuration (fp32 norms, bf16 lm_head) fails without autocast and in the replica thread
     assert verdicts["forward.scenarios"] == "fail" and verdicts["forward.dtype_flow"] == "fail"
     flow = next(f for f in report["findings"] if f["id"] == "forward.dtype_flow")
@@ -73,6 +75,17 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(tmp_path):
     assert report["target"]["quant"] == "4bit" and report["target"]["gpus"] == 2
     assert not list((tmp_path / "reports").glob("*/.*partial"))
     assert folder.name in (tmp_path / "reports" / "index.html").read_text()  # the runs index lists it
+    # notebook 05: the trained recipes beat the base, each adapter on the base it records, nothing offloaded
+    metrics = next(f for f in report["findings"] if f["id"] == "eval.metrics")
+    assert metrics["verdict"] == "pass" and metrics["title"].startswith("Best: r")
+    assert metrics["evidence"]["gain_over_base"]["absolute"] > 0.2
+    assert verdicts["adapter.base_model"] == "pass" and verdicts["placement.offload"] == "pass"
+    assert verdicts["eval.memory"] == "pass"
+    evaluation = (folder / "05_evaluation.html").read_text()
+    assert "Mean IoU" in evaluation and "Best recipe" in evaluation and "data:image/png;base64" in evaluation
+    assert "r3-stage1" in evaluation and "<svg" in evaluation  # r3-two-stage's lineage chain
+    # notebook 06 is not asked for without --distributed
+    assert verdicts["distributed.ddp"] == verdicts["distributed.fsdp"] == "skip"
 
 
 @pytest.mark.slow

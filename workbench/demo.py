@@ -219,7 +219,7 @@ def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=
 
     paths = build_demo(root)
     target = paths.root / "recipes"
-    stamp_file = target / "RECIPES_STAMP.json"
+    stamp_file = target / "DEMO_RECIPES_STAMP.json"  # recipe_training keeps its own RECIPES_STAMP.json
     stamp = _stamp(paths.root) + "/recipes-1"
     if not force and stamp_file.exists() and stamp_file.read_text() == stamp:
         return DemoRecipes(target)
@@ -231,12 +231,14 @@ def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=
         for adapter in building.glob("*/adapter_config.json"):
             text = adapter.read_text().replace(str(building), str(target))
             adapter.write_text(text)
-        listing = {"base": str(paths.qwen_base), "dataset": "grounding-eval", "max_new_tokens": 24,
+        # the reference row: the base that already writes boxes (as Qwen2-VL-Instruct did for the seeds), which
+        # every recipe was trained from; the random demo base could not even answer
+        listing = {"base": "grounding-base", "dataset": "grounding-eval", "max_new_tokens": 24,
                    "recipes": [{"name": n.replace("r3-stage2", "r3-two-stage"), "path": n} for n in RECIPE_ORDER
                                if n in built]}
         (building / "recipes.yaml").write_text("# The demo's recipes, trained by workbench.recipe_training\n"
                                                + yaml.safe_dump(listing, sort_keys=False))
-        stamp_file_tmp = building / "RECIPES_STAMP.json"
+        stamp_file_tmp = building / stamp_file.name
         stamp_file_tmp.write_text(stamp)
         _move_into_place(building, target)
     finally:
