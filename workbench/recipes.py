@@ -40,6 +40,12 @@ class Recipe:
         return resolve_local(self.path, what=f"recipe {self.name}: path",
                              relative_to=Path(self.relative_to) if self.relative_to else None)
 
+    def kind_or_missing(self) -> str:
+        try:
+            return self.resolved_kind()
+        except UsageError:
+            return "missing"
+
     def resolved_kind(self) -> str:
         if self.kind != "auto":
             return self.kind
@@ -58,7 +64,7 @@ class RecipeList(TextRepr):
     def _repr_html_(self) -> str:
         from workbench.html import esc
 
-        rows = "".join(f"<tr><td>{esc(r.name)}</td><td>{esc(r.kind)}</td><td><code>{esc(r.path)}</code></td>"
+        rows = "".join(f"<tr><td>{esc(r.name)}</td><td>{esc(r.kind_or_missing())}</td><td><code>{esc(r.path)}</code></td>"
                        f"<td><code>{esc(r.base or '')}</code></td></tr>" for r in self.recipes)
         return (f"<p>{len(self.recipes)} recipe(s) from {esc(self.source)}; reference base: "
                 f"<code>{esc(self.reference or 'none')}</code>; dataset: <code>{esc(self.dataset or 'none')}</code>"
