@@ -90,7 +90,12 @@ def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcom
     base_ref, source = (recipe.base, "the recipe's base:") if recipe.base else (recorded, "adapter_config.json")
     if not base_ref:
         raise UsageError(f"{folder}/adapter_config.json records no base_model_name_or_path; give the recipe a base:")
-    base_dir = resolve_local(base_ref, what=f"recipe {recipe.name}: base ({source})", relative_to=folder)
+    try:
+        base_dir = resolve_local(base_ref, what=f"recipe {recipe.name}: base ({source})", relative_to=folder)
+    except UsageError as exc:
+        outcome.lineage = adapter_lineage(folder, None, source, Path(reference) if reference else None,
+                                          loaded_error=str(exc))
+        raise
     outcome.base = str(base_dir)
     outcome.lineage = adapter_lineage(folder, base_dir, source, Path(reference) if reference else None)
     model = load_pretrained(base_dir, **load)

@@ -110,6 +110,7 @@ class LineageReport(TextRepr):
     recorded_error: str | None
     loaded_base: str | None
     loaded_source: str | None  # adapter_config.json | --base | recipe
+    loaded_error: str | None = None  # the base to load (an override) could not be found
     checked_modules: int = 0
     shape_mismatches: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     base_differences: dict[str, dict[str, int]] | None = None  # recorded vs loaded, per component
@@ -131,6 +132,9 @@ class LineageReport(TextRepr):
         if self.adapter is None:
             return [Finding("adapter.base_model", "skip", "No adapter: nothing to match to a base",
                             "The checkpoint is a full model.", evidence)]
+        if self.loaded_error:
+            return [Finding("adapter.base_model", "error", "The base to load the adapter on cannot be found",
+                            self.loaded_error, evidence, "Fix the base path (the recipe's base: or --base).")]
         if self.recorded_error:
             return [Finding("adapter.base_model", "error", f"The base recorded by the adapter cannot be found: "
                             f"{self.recorded_base}", self.recorded_error, evidence,
@@ -226,7 +230,8 @@ def lineage_svg(nodes: list[ChainNode], edges: list[tuple[int, int, str]]) -> st
 
 
 def adapter_lineage(adapter_dir: Path | None, loaded_base: Path | None, loaded_source: str | None,
-                    reference: Path | None = None, overrides: dict | None = None) -> LineageReport:
+                    reference: Path | None = None, overrides: dict | None = None,
+                    loaded_error: str | None = None) -> LineageReport:
     """Compare an adapter's recorded base with the base loaded for it (reference: the recipes' original base)."""
     from workbench.loading import auto_config, meta_model
     from workbench.target import resolve_local
@@ -236,7 +241,7 @@ def adapter_lineage(adapter_dir: Path | None, loaded_base: Path | None, loaded_s
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
     recorded, revision = config.get("base_model_name_or_path"), config.get("revision")
     report = LineageReport(str(adapter_dir), recorded, revision, None, None,
-                           str(loaded_base) if loaded_base else None, loaded_source)
+                           str(loaded_base) if loaded_base else None, loaded_source, loaded_error)
     try:
         if not recorded:
             raise UsageError(f"{adapter_dir}/adapter_config.json records no base_model_name_or_path")

@@ -1,0 +1,138 @@
+"""Notebook 05's probes on the demo: adapter lineage, placement, recipe lists and the evaluation loop (the trained
+recipes themselves are tested in test_recipe_training.py)."""
+
+import subprocess
+import sys
+
+import pytest
+
+import workbench as wb
+from workbench.evaluation import EvaluationReport, RecipeOutcome, evaluate_recipes
+from workbench.grounding import write_dataset
+from workbench.lineage import adapter_lineage
+from workbench.placement import placement_of
+from workbench.recipes import read_recipes, recipes_for
+
+
+def verdict(report, check):
+    return next(f for f in report.findings() if f.id == check)
+
+
+def test_the_stage2_adapter_resolves_to_stage1_and_passes(demo):
+    target = wb.resolve_target(str(demo.qwen_stage2))
+    report = wb.adapter_lineage_report(target, reference=str(demo.qwen_base))
+    finding = verdict(report, "adapter.base_model")
+    assert finding.verdict == "pass" and "qwen2vl-stage1" in finding.title
+    assert report.checked_modules == 28 and not report.shape_mismatches
+    assert [n.label for n in report.chain] == ["qwen2vl-base", "qwen2vl-stage1", "qwen2vl-stage2"]
+    assert "changed: vision (31 tensors); identical: head, language" in report.edges[0][2]  # stage 1 = base + vision
+
+
+def test_overriding_the_base_with_the_original_model_fails_naming_both(demo):
+    target = wb.resolve_target(str(demo.qwen_stage2), base=str(demo.qwen_base))
+    report = wb.adapter_lineage_report(target)
+    finding = verdict(report, "adapter.base_model")
+    assert finding.verdict == "fail"
+    assert str(demo.qwen_base) in finding.title and str(demo.qwen_stage1) in finding.title
+    assert report.base_differences["vision"]["different"] == 31 and report.base_differences["language"]["different"] == 0
+    assert "⇒ qwen2vl-stage2" in report.chain_text() and "<svg" in report._repr_html_()
+
+
+def test_an_adapter_on_another_architecture_fails_on_module_shapes(demo):
+    report = adapter_lineage(demo.qwen_stage2, demo.llama, "--base")
+    finding = verdict(report, "adapter.base_model")
+    assert finding.verdict == "fail" and report.shape_mismatches
+    assert "the base has no module" in report.shape_mismatches[0]["problem"]
+
+
+def test_a_missing_recorded_base_is_an_error_naming_the_path(demo, copy_of, edit_json, tmp_path):
+    adapter = copy_of(demo.qwen_stage2)
+    edit_json(adapter / "adapter_config.json", base_model_name_or_path=str(tmp_path / "gone-stage1"))
+    report = adapter_lineage(adapter, demo.qwen_stage1, "--base")
+    finding = verdict(report, "adapter.base_model")
+    assert finding.verdict == "error" and "gone-stage1" in finding.detail
+    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(adapter), "--notebooks", "05",
+                             "--reports-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "gone-stage1" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_forced_offload_is_flagged_with_its_modules_and_flash_attention_fails(demo):
+    from workbench.loading import load_pretrained
+
+    model = load_pretrained(demo.llama, device_map="auto", max_memory={"cpu": "200KB"})
+    report = placement_of(model, "llama")
+    finding = verdict(report, "placement.offload")
+    assert finding.verdict == "warn" and "lm_head → disk" in finding.detail
+    assert finding.evidence["offloaded_bytes"] >= 51_200  # lm_head alone is 400 x 64 bf16
+    model.config._attn_implementation = "flash_attention_2"
+    assert verdict(placement_of(model, "llama"), "placement.offload").verdict == "fail"
+
+    healthy = load_pretrained(demo.llama)
+    assert verdict(placement_of(healthy, "llama"), "placement.offload").verdict == "pass"
+
+
+def test_recipes_file_problems_are_usage_errors(tmp_path):
+    bad = tmp_path / "recipes.yaml"
+    for text, message in [("recipes: []", "non-empty"), ("recipes: [{path: x}]\nextra: 1", "unknown key"),
+                          ("recipes: [{name: a}]", "needs at least `path:`"),
+                          ("recipes: [{path: x, kind: merged}]", "kind 'merged'")]:
+        bad.write_text(text)
+        with pytest.raises(wb.UsageError, match=message):
+            read_recipes(bad)
+    with pytest.raises(wb.UsageError, match="does not exist"):
+        read_recipes(tmp_path / "nope.yaml")
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    folder = write_dataset(tmp_path_factory.mktemp("grounding"), 3, seed=7)
+    with open(folder / "data.jsonl", "a") as fh:
+        fh.write("{not json\n")
+    return folder
+
+
+def test_a_recipe_that_cannot_load_is_an_error_row_and_the_others_evaluate(demo, tiny_dataset, tmp_path, copy_of,
+                                                                          edit_json):
+    orphan = copy_of(demo.qwen_stage2, "orphan")
+    edit_json(orphan / "adapter_config.json", base_model_name_or_path=str(tmp_path / "deleted-stage1"))
+    recipes = tmp_path / "recipes.yaml"
+    recipes.write_text(f"base: {demo.qwen_base}\ndataset: {tiny_dataset}\nmax_new_tokens: 6\nrecipes:\n"
+                       f"  - {{name: stage2, path: {demo.qwen_stage2}}}\n"
+                       f"  - {{name: missing, path: {tmp_path / 'no-such-recipe'}}}\n"
+                       f"  - {{name: orphan, path: {orphan}}}\n")
+    target = wb.resolve_target(str(demo.qwen_base), params={"recipes": str(recipes)})
+    report = evaluate_recipes(recipes_for(target, str(recipes)), target)
+    rows = {r["Model"]: r for r in report.table()}
+    assert set(rows) == {"qwen2vl-base (base)", "stage2", "missing", "orphan"}
+    assert "does not exist" in rows["missing"]["error"] and rows["stage2"]["n"] == 3
+    assert "deleted-stage1" in rows["orphan"]["error"]
+    assert report.unreadable_rows and "line 4" in report.unreadable_rows[0]
+    metrics = verdict(report, "eval.metrics")
+    assert metrics.verdict == "warn" and "missing" in metrics.detail
+    lineage = verdict(report, "adapter.base_model")  # stage2 on stage1 passes; the orphan's base is gone
+    assert lineage.verdict == "error" and "deleted-stage1" in lineage.detail and "stage2: pass" in lineage.detail
+    assert verdict(report, "placement.offload").verdict == "pass"
+    assert all(o.memory["peak"] >= o.memory["before"] > 0 for o in report.outcomes)
+    assert "Memory per recipe" in report._repr_html_() and "stage2" in repr(report)
+
+
+def test_memory_growth_between_recipes_is_flagged():
+    def outcome(name, after_free):
+        return RecipeOutcome(name, "full", name, memory={"before": 0, "peak": 2 * 2**30, "after_free": after_free,
+                                                         "model_bytes": 2**30, "seconds": 1.0})
+    healthy = EvaluationReport([outcome("base", 3 * 2**30), outcome("r1", 3 * 2**30 + 2**20)], "base", None, 0, [],
+                               "test", "RSS")
+    assert verdict(healthy, "eval.memory").verdict == "pass"
+    leaky = EvaluationReport([outcome("base", 3 * 2**30), outcome("r1", 4 * 2**30)], "base", None, 0, [], "test",
+                             "RSS")
+    finding = verdict(leaky, "eval.memory")
+    assert finding.verdict == "warn" and "r1 (+1024 MiB" in finding.detail
+
+
+def test_cli_recipes_flag_refuses_an_unusable_file(tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text("recipes: nope")
+    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(tmp_path), "--recipes", str(bad)],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 2 and "recipes" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "reports").exists()
