@@ -4,6 +4,7 @@ import json
 import time
 
 import psutil
+import pytest
 
 from workbench.distributed_report import READY_TWICE, distributed_report, grad_agreement
 from workbench.target import resolve_target
@@ -154,3 +155,15 @@ def test_diagnose_with_distributed_2_reports_both_checks_in_notebook_06(demo, tm
     assert verdicts == {"distributed.ddp": "pass", "distributed.fsdp": "pass"}
     html = (folder / "06_distributed.html").read_text()
     assert "Name-based selections" in html and "rank 1" in html
+
+
+@pytest.mark.cuda
+def test_a_collate_that_touches_cuda_fails_in_forked_workers_on_a_gpu():
+    import torch.multiprocessing as mp
+
+    from workbench.distributed_dataloader import data_loading_facts
+
+    facts = data_loading_facts()
+    assert facts["cuda_collate"]["tested"] is True
+    if mp.get_start_method(allow_none=True) in (None, "fork"):
+        assert facts["cuda_collate"]["fails"] and "forked subprocess" in facts["cuda_collate"]["error"]
