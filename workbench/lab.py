@@ -101,12 +101,16 @@ def lab_server(notebook_dir: Path = NOTEBOOK_DIR, *, port: int | None = None, st
     from jupyterlab_server.workspaces_handler import WorkspacesManager
 
     WorkspacesManager(str(workspaces)).save(WORKSPACE, json.dumps(workspace(notebook_dir)))
+    # offline tool: no news or update checks, and no pop-up asking about them
+    notification = state / "user-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True, exist_ok=True)
+    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={notebook_dir}",
                f"--IdentityProvider.token={token}", f"--LabApp.workspaces_dir={workspaces}",
                f"--LabApp.default_url=/lab/workspaces/{WORKSPACE}",
-               "--LabApp.news_url=None"] + ["--allow-root"] * (os.geteuid() == 0)
+               "--LabApp.news_url=None", f"--LabApp.user_settings_dir={state / 'user-settings'}"] + ["--allow-root"] * (os.geteuid() == 0)
     env = {**os.environ, **(env or {}), "JUPYTER_RUNTIME_DIR": str(state / "runtime")}
     log = state / "jupyterlab.log"
     with open(log, "ab") as out:  # the server's own log: shown when it fails to start
