@@ -97,6 +97,28 @@ for shard in sorted(Path(FOLDER).glob('*.safetensors')):
 result = {'tensors': sum(counts.values()), 'bytes_read': read}
 """
 
+LINEAGE_SAMPLED = """
+from workbench.checkpoint import inspect_checkpoint
+from workbench.lineage import sampled_fingerprints
+start = time.perf_counter()
+prints = sampled_fingerprints(inspect_checkpoint(FOLDER))
+result = {'tensors': len(prints)}
+"""
+
+NAIVE_HASH_ALL = """
+import hashlib
+from pathlib import Path
+start = time.perf_counter()
+digests = {}
+for shard in sorted(Path(FOLDER).glob('*.safetensors')):
+    h = hashlib.blake2b(digest_size=12)
+    with open(shard, 'rb') as fh:
+        while chunk := fh.read(1 << 24):
+            h.update(chunk)
+    digests[shard.name] = h.hexdigest()
+result = {'files': len(digests)}
+"""
+
 PREDICTED = """
 from workbench.loading import auto_config, model_class_for
 model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
@@ -289,6 +311,12 @@ def main() -> None:
             f"{ours7[0]['bytes_read']:,} bytes read vs {apparent:,}; peak RSS "
             f"{statistics.median(r['peak_rss'] for r in ours7) / 1e6:.0f} MB"
             + (f" vs {statistics.median(r['peak_rss'] for r in naive7) / 1e6:.0f} MB" if naive7 else ""))
+
+        sampled7 = measure(with_folder(LINEAGE_SAMPLED, sparse), args.repeats)
+        hashed7 = None if args.skip_naive_7b else measure(with_folder(NAIVE_HASH_ALL, sparse), 1)
+        row(rows, "which components differ between two bases (adapter.base_model), 7B-shaped: sampled bytes per "
+                  "tensor vs hashing every byte", sampled7, hashed7,
+            f"{sampled7[0]['tensors']} tensors, 8 KiB read per tensor")
 
         pred = measure(with_folder(PREDICTED, demo.qwen_stage1), args.repeats)
         real = measure(with_folder(REAL_4BIT, demo.qwen_stage1), args.repeats)
