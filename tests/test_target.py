@@ -65,8 +65,12 @@ def test_parameter_files_are_validated(tmp_path):
     good = tmp_path / "p.yaml"
     good.write_text("components:\n  head: ['lm_head']\nreal_quant_max_bytes: 10\n")
     assert load_params(good)["components"] == {"head": ["lm_head"]}
+    good.write_text("ddp_find_unused_parameters: false\nrecipes: parameters/recipes.yaml\n")
+    assert load_params(good) == {"ddp_find_unused_parameters": False, "recipes": "parameters/recipes.yaml"}
     for text, message in [("colour: red\n", "unknown key 'colour'"), ("real_quant_max_bytes: big\n", "must be a int"),
-                          ("components:\n  head: ['[']\n", "bad regex")]:
+                          ("components:\n  head: ['[']\n", "bad regex"),
+                          ("eval_samples: true\n", "must be a int"),  # a bool is not a count
+                          ("ddp_find_unused_parameters: 1\n", "must be a bool")]:
         good.write_text(text)
         with pytest.raises(UsageError, match=message):
             load_params(good)

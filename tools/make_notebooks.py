@@ -143,7 +143,9 @@ NOTEBOOKS = {
                               "in FSDP2 `fully_shard` with `MixedPrecisionPolicy(param_dtype=compute dtype)`, and runs "
                               "training steps. Per-rank results side by side; a crashed or hung rank is an error "
                               "with its traceback."),
-            new_code_cell("dist = rec.run(wb.distributed_report, target, ranks=distributed)\ndist"),
+            new_code_cell("dist = rec.run(wb.distributed_report, target, ranks=distributed,\n"
+                          "                  ddp_find_unused_parameters=target.params.get(\"ddp_find_unused_parameters\"))\n"
+                          "dist"),
         ]),
 }
 

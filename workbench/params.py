@@ -24,7 +24,10 @@ SCHEMA: dict[str, type] = {"components": dict, "real_quant_max_bytes": int, "com
                            "memory_limit_bytes": int,
                            # notebook 05: a recipes file ("demo": the bundled demo's), an evaluation dataset
                            # folder (data.jsonl + images) and how many of its rows to use
-                           "recipes": str, "eval_dataset": str, "eval_samples": int}
+                           "recipes": str, "eval_dataset": str, "eval_samples": int,
+                           # notebook 06: TrainingArguments.ddp_find_unused_parameters as your run sets it
+                           # (absent: the Trainer's own choice)
+                           "ddp_find_unused_parameters": bool}
 
 
 def validate_params(data: Any, source: str = "parameters") -> dict[str, Any]:
@@ -35,7 +38,7 @@ def validate_params(data: Any, source: str = "parameters") -> dict[str, Any]:
     for key, value in data.items():
         if key not in SCHEMA:
             raise UsageError(f"{source}: unknown key {key!r}; known keys: {', '.join(sorted(SCHEMA))}")
-        if not isinstance(value, SCHEMA[key]) or isinstance(value, bool):
+        if not isinstance(value, SCHEMA[key]) or (isinstance(value, bool) and SCHEMA[key] is not bool):
             raise UsageError(f"{source}: {key} must be a {SCHEMA[key].__name__}, got {type(value).__name__}")
     for component, patterns in (data.get("components") or {}).items():
         if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
