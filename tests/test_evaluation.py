@@ -136,3 +136,39 @@ def test_cli_recipes_flag_refuses_an_unusable_file(tmp_path):
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 2 and "recipes" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "reports").exists()
+
+
+def test_a_copy_of_the_recorded_base_is_not_a_wrong_base(demo, copy_of):
+    copy = copy_of(demo.qwen_stage1, "stage1-copy")
+    report = adapter_lineage(demo.qwen_stage2, copy, "--base")
+    finding = verdict(report, "adapter.base_model")
+    assert finding.verdict == "info" and "copy" in finding.title and report.same_weights
+
+
+def test_a_recorded_hub_id_that_is_not_cached_is_unverifiable_not_an_error(demo, copy_of, edit_json, monkeypatch,
+                                                                            tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    adapter = copy_of(demo.qwen_stage2)
+    edit_json(adapter / "adapter_config.json", base_model_name_or_path="Qwen/Qwen2-VL-7B-Instruct")
+    finding = verdict(adapter_lineage(adapter, demo.qwen_stage1, "--base"), "adapter.base_model")
+    assert finding.verdict == "warn" and "not available offline" in finding.title
+
+
+def test_a_dataset_with_no_usable_row_is_an_error_not_a_pass(demo, tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "data.jsonl").write_text("{broken\n")
+    target = wb.resolve_target(str(demo.llama), params={"eval_dataset": str(tmp_path / "ds")})
+    report = evaluate_recipes(recipes_for(target), target)
+    assert verdict(report, "eval.metrics").verdict == "error"
+
+
+def test_recipe_paths_are_relative_to_the_recipes_file_not_the_working_folder(tmp_path, monkeypatch):
+    (tmp_path / "cwd" / "final").mkdir(parents=True)
+    (tmp_path / "runs" / "final").mkdir(parents=True)
+    listing = tmp_path / "runs" / "recipes.yaml"
+    listing.write_text("recipes:\n  - {name: a, path: final}\n")
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert read_recipes(listing).recipes[0].folder() == (tmp_path / "runs" / "final").resolve()
+    listing.write_text("recipes:\n  - {path: final}\n  - {path: ../cwd/final}\n")
+    with pytest.raises(wb.UsageError, match="names must differ"):
+        read_recipes(listing)

@@ -94,10 +94,12 @@ def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcom
         base_dir = resolve_local(base_ref, what=f"recipe {recipe.name}: base ({source})", relative_to=folder)
     except UsageError as exc:
         outcome.lineage = adapter_lineage(folder, None, source, Path(reference) if reference else None,
-                                          loaded_error=str(exc))
+                                          loaded_error=str(exc),
+                                          trust_remote_code=options.get("trust_remote_code", False))
         raise
     outcome.base = str(base_dir)
-    outcome.lineage = adapter_lineage(folder, base_dir, source, Path(reference) if reference else None)
+    outcome.lineage = adapter_lineage(folder, base_dir, source, Path(reference) if reference else None,
+                                      trust_remote_code=options.get("trust_remote_code", False))
     model = load_pretrained(base_dir, **load)
     outcome.placement = placement_of(model, recipe.name)  # before the adapter: where the base landed
     from peft import PeftModel
@@ -232,6 +234,12 @@ class EvaluationReport(TextRepr):
                 headline += f", {gain:+.4f} over the base" + (f" ({gain / base:+.1%})" if base else "")
                 evidence["gain_over_base"] = {"metric": metric, "best": value, "base": base, "absolute": gain}
             evidence["best"] = best.name
+        if not any((o.summary or {}).get("scored") for o in self.outcomes):
+            return Finding("eval.metrics", "error", "Nothing was scored: the dataset has no usable row",
+                           f"{self.dataset_rows} row(s) in {self.dataset}; unreadable: "
+                           + ("; ".join(self.unreadable_rows[:5]) or "none"), evidence,
+                           "Fix the dataset (data.jsonl lines with image, question, answer, box) or point "
+                           "eval_dataset at the right folder.")
         problems = [f"{o.name}: {o.error}" for o in broken] + [
             f"{o.name}: every sample raised ({o.records[0].error if o.records else ''})" for o in all_failed]
         if problems:
@@ -245,10 +253,13 @@ class EvaluationReport(TextRepr):
     def _memory_finding(self) -> Finding:
         rows = [{"recipe": o.name, **o.memory} for o in self.outcomes]
         evidence = {"measured": self.memory_kind, "per_recipe": rows}
-        # the first recipe's leftover includes one-time costs (imports, allocator pools): growth counts from there
-        first = self.outcomes[0].memory.get("after_free", 0) if self.outcomes else 0
+        # the first loaded recipe's leftover includes one-time costs (imports, allocator pools): growth counts from
+        # there (on CUDA there are none: from before it)
+        loaded = [o for o in self.outcomes if "model_bytes" in o.memory]
+        first = (loaded[0].memory.get("before" if self.memory_kind.startswith("CUDA") else "after_free", 0)
+                 if loaded else 0)
         grown = []
-        for o in self.outcomes[1:]:
+        for o in loaded[0 if self.memory_kind.startswith("CUDA") else 1:]:
             kept = o.memory.get("after_free", 0) - first
             if kept > max(GROWTH_FLOOR, 0.5 * o.memory.get("model_bytes", 0)):
                 grown.append(f"{o.name} (+{kept / 2**20:.0f} MiB still held after freeing)")

@@ -112,6 +112,7 @@ class LineageReport(TextRepr):
     loaded_source: str | None  # adapter_config.json | --base | recipe
     loaded_error: str | None = None  # the base to load (an override) could not be found
     checked_modules: int = 0
+    shapes_not_checked: str | None = None  # why the base skeleton could not be built
     shape_mismatches: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     base_differences: dict[str, dict[str, int]] | None = None  # recorded vs loaded, per component
     chain: list[ChainNode] = dataclasses.field(default_factory=list)
@@ -122,11 +123,23 @@ class LineageReport(TextRepr):
         return bool(self.recorded_resolved and self.loaded_base
                     and Path(self.recorded_resolved).resolve() != Path(self.loaded_base).resolve())
 
+    @property
+    def same_weights(self) -> bool:
+        """Two paths, one model: every tensor identical in sampled bytes, none only on one side."""
+        diff = self.base_differences
+        return bool(diff) and all(r["different"] == r["only_in_one"] == 0 for r in diff.values())
+
+    @property
+    def recorded_offline_hub_id(self) -> bool:
+        from workbench.target import HUB_ID
+
+        return bool(self.recorded_base and HUB_ID.match(self.recorded_base) and not Path(self.recorded_base).exists())
+
     def findings(self) -> list[Finding]:
         evidence = {"adapter": self.adapter, "recorded_base": self.recorded_base,
                     "recorded_revision": self.recorded_revision, "recorded_resolved": self.recorded_resolved,
                     "loaded_base": self.loaded_base, "loaded_source": self.loaded_source,
-                    "target_modules_checked": self.checked_modules, "shape_mismatches": self.shape_mismatches[:20],
+                    "target_modules_checked": self.checked_modules, "shapes_not_checked": self.shapes_not_checked, "shape_mismatches": self.shape_mismatches[:20],
                     "base_differences": self.base_differences,
                     "chain": [dataclasses.asdict(n) for n in self.chain]}
         if self.adapter is None:
@@ -135,13 +148,27 @@ class LineageReport(TextRepr):
         if self.loaded_error:
             return [Finding("adapter.base_model", "error", "The base to load the adapter on cannot be found",
                             self.loaded_error, evidence, "Fix the base path (the recipe's base: or --base).")]
-        if self.recorded_error:
+        if self.recorded_error and not (self.loaded_base and self.recorded_offline_hub_id):
             return [Finding("adapter.base_model", "error", f"The base recorded by the adapter cannot be found: "
                             f"{self.recorded_base}", self.recorded_error, evidence,
                             "Restore the recorded base at that path, or pass the right base explicitly "
                             "(--base / the recipe's base) — and check it is the model the adapter was trained on.")]
+        if self.recorded_error and self.loaded_base and self.recorded_offline_hub_id:
+            return [Finding("adapter.base_model", "warn", f"Recorded base {self.recorded_base} is not available "
+                            "offline: cannot verify the base", f"{Path(self.adapter).name} records the hub id "
+                            f"{self.recorded_base}, which is not in the local Hugging Face cache; "
+                            f"{self.loaded_base} was loaded (from {self.loaded_source}). "
+                            f"{self.checked_modules} LoRA tensors fit its modules' shapes.", evidence,
+                            f"Make sure {self.loaded_base} is a copy of {self.recorded_base}"
+                            + (f" at revision {self.recorded_revision}" if self.recorded_revision else "")
+                            + " (compare config.json and a few weights), or put it in the HF cache.")]
         fix = (f"Load the adapter on {self.recorded_resolved} (what adapter_config.json records): drop the override, "
                "or fix the recipe's base.")
+        if self.mismatched_base and self.same_weights:
+            return [Finding("adapter.base_model", "info", "The loaded base is a copy of the recorded one",
+                            f"Recorded {self.recorded_base}, loaded {self.loaded_base}: other paths, identical "
+                            f"weights (sampled bytes of every tensor); {self.checked_modules} LoRA tensors fit.",
+                            evidence)]
         if self.mismatched_base:
             diff = f" The two bases {describe_differences(self.base_differences)}." if self.base_differences else ""
             return [Finding("adapter.base_model", "fail",
@@ -231,7 +258,7 @@ def lineage_svg(nodes: list[ChainNode], edges: list[tuple[int, int, str]]) -> st
 
 def adapter_lineage(adapter_dir: Path | None, loaded_base: Path | None, loaded_source: str | None,
                     reference: Path | None = None, overrides: dict | None = None,
-                    loaded_error: str | None = None) -> LineageReport:
+                    loaded_error: str | None = None, trust_remote_code: bool = False) -> LineageReport:
     """Compare an adapter's recorded base with the base loaded for it (reference: the recipes' original base)."""
     from workbench.loading import auto_config, meta_model
     from workbench.target import resolve_local
@@ -248,17 +275,26 @@ def adapter_lineage(adapter_dir: Path | None, loaded_base: Path | None, loaded_s
         report.recorded_resolved = str(resolve_local(recorded, what="the recorded base", relative_to=adapter_dir))
     except UsageError as exc:
         report.recorded_error = str(exc)
+    classify = map_key = None
     if loaded_base is not None:
-        skeleton, _ = meta_model(auto_config(loaded_base))
-        map_key, _ = checkpoint_key_mapper(skeleton)
-        report.checked_modules, report.shape_mismatches = adapter_shape_mismatches(
-            inspect_checkpoint(adapter_dir), skeleton, map_key)
-        classify = ComponentClassifier.from_model(skeleton, overrides).component_of
-        if report.mismatched_base:
-            report.base_differences = component_differences(Path(report.recorded_resolved), loaded_base, classify,
-                                                            map_key)
-    _chain(report, adapter_dir, reference, classify if loaded_base is not None else None,
-           map_key if loaded_base is not None else None)
+        try:
+            skeleton, _ = meta_model(auto_config(loaded_base, trust_remote_code=trust_remote_code))
+        except Exception as exc:  # noqa: BLE001 - the verdict on paths stands; shapes are then not checked
+            report.shapes_not_checked = f"{type(exc).__name__}: {exc}"
+        else:
+            map_key, _ = checkpoint_key_mapper(skeleton)
+            report.checked_modules, report.shape_mismatches = adapter_shape_mismatches(
+                inspect_checkpoint(adapter_dir), skeleton, map_key)
+            classify = ComponentClassifier.from_model(skeleton, overrides).component_of
+            if report.mismatched_base:
+                report.base_differences = component_differences(Path(report.recorded_resolved), loaded_base,
+                                                                classify, map_key)
+    if reference is not None:
+        try:
+            reference = resolve_local(str(reference), what="the reference base")
+        except UsageError:
+            reference = None  # no edge rather than a wrong one
+    _chain(report, adapter_dir, reference, classify, map_key)
     return report
 
 
@@ -268,7 +304,9 @@ def _chain(report: LineageReport, adapter_dir: Path, reference: Path | None, cla
     if reference is not None and recorded is not None and reference.resolve() != recorded.resolve() and classify:
         nodes.append(ChainNode(reference.name, "reference", str(reference)))
         diff = component_differences(reference, recorded, classify, map_key)
-        edges.append((0, 1, "derived? " + describe_differences(diff).replace("differ in ", "changed: ")))
+        label = ("not compared (no safetensors)" if not diff else
+                 "derived? " + describe_differences(diff).replace("differ in ", "changed: "))
+        edges.append((0, 1, label))
     nodes.append(ChainNode(recorded.name if recorded else str(report.recorded_base), "base",
                            str(recorded or report.recorded_base)))
     nodes.append(ChainNode(adapter_dir.name, "adapter", str(adapter_dir)))

@@ -74,10 +74,15 @@ class RecipeList(TextRepr):
 
 
 def _absolute(ref: str | None, folder: Path) -> str | None:
+    """A path relative to the recipes file's folder (as documented), else as given (absolute, or a hub id)."""
     if not ref:
         return None
     path = Path(ref).expanduser()
-    return str(path if path.is_absolute() else (folder / path)) if (folder / path).exists() or path.exists() else ref
+    if path.is_absolute():
+        return str(path)
+    from workbench.target import HUB_ID
+
+    return ref if HUB_ID.match(ref) and not (folder / path).exists() else str(folder / path)
 
 
 def read_recipes(path: str | Path) -> RecipeList:
@@ -108,8 +113,12 @@ def read_recipes(path: str | Path) -> RecipeList:
         kind = item.get("kind", "auto")
         if kind not in ("auto", "full", "adapter"):
             raise UsageError(f"recipes file {path}: recipe {i} kind {kind!r}: use full or adapter (or leave it out)")
-        recipes.append(Recipe(str(item.get("name") or Path(item["path"]).name), str(item["path"]), kind,
+        recipes.append(Recipe(str(item.get("name") or Path(item["path"]).name),
+                              _absolute(str(item["path"]), folder), kind,
                               _absolute(item.get("base"), folder), str(folder)))
+    names = [r.name for r in recipes]
+    if len(set(names)) != len(names):
+        raise UsageError(f"recipes file {path}: recipe names must differ (give each a name:); got {names}")
     for key in ("max_samples", "max_new_tokens"):
         if key in data and (not isinstance(data[key], int) or data[key] < 1):
             raise UsageError(f"recipes file {path}: {key} must be a whole number ≥ 1")
