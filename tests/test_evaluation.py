@@ -172,3 +172,16 @@ def test_recipe_paths_are_relative_to_the_recipes_file_not_the_working_folder(tm
     listing.write_text("recipes:\n  - {path: final}\n  - {path: ../cwd/final}\n")
     with pytest.raises(wb.UsageError, match="names must differ"):
         read_recipes(listing)
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_memory_is_measured_as_cuda_allocated_and_freed_between_recipes(demo, tiny_dataset, tmp_path):
+    recipes = tmp_path / "recipes.yaml"
+    recipes.write_text(f"base: {demo.qwen_base}\ndataset: {tiny_dataset}\nmax_new_tokens: 4\nrecipes:\n"
+                       f"  - {{name: stage2, path: {demo.qwen_stage2}}}\n")
+    target = wb.resolve_target(str(demo.qwen_base), device_map='{"": 0}')
+    report = evaluate_recipes(recipes_for(target, str(recipes)), target)
+    assert report.memory_kind == "CUDA allocated"
+    assert all(o.memory["peak"] > o.memory["after_free"] for o in report.outcomes)
+    assert verdict(report, "eval.memory").verdict == "pass"
+    assert verdict(report, "placement.offload").verdict == "pass"

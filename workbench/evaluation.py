@@ -51,8 +51,15 @@ def free_memory() -> None:
 
 
 def in_use_bytes() -> int:
-    """Memory held now: CUDA allocated on a GPU machine, else the resident set."""
-    return torch.cuda.memory_allocated() if torch.cuda.is_available() else rss_bytes()
+    """Memory held now: CUDA allocated on every GPU of the machine, else the resident set."""
+    if torch.cuda.is_available():
+        return sum(torch.cuda.memory_allocated(i) for i in range(torch.cuda.device_count()))
+    return rss_bytes()
+
+
+def cuda_peak_bytes() -> int:
+    """Sum of each GPU's peak since the last reset (an upper bound of the simultaneous peak across GPUs)."""
+    return sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
 
 
 @dataclasses.dataclass
@@ -131,7 +138,8 @@ def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: 
     free_memory()
     before = in_use_bytes()
     if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
     start = time.perf_counter()
     peak = [before]
     model = None
@@ -155,7 +163,7 @@ def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: 
         outcome.error = f"{type(exc).__name__}: {exc}"
     finally:
         del model
-    peak_bytes = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else max(peak)
+    peak_bytes = cuda_peak_bytes() if torch.cuda.is_available() else max(peak)
     free_memory()
     outcome.memory.update({"before": before, "peak": peak_bytes, "after_free": in_use_bytes(),
                            "seconds": round(time.perf_counter() - start, 2)})

@@ -20,7 +20,6 @@ from workbench.findings import Finding
 from workbench.recorder import probe
 from workbench.text_render import TextRepr
 
-CUDA_ONLY_ATTENTION = ("flash_attention_2", "flash_attention_3", "flash_attention")
 OFFLOAD_DEVICES = ("cpu", "disk", "meta")
 
 
@@ -50,7 +49,7 @@ class PlacementReport(TextRepr):
 
     @property
     def offloaded(self) -> list[dict[str, Any]]:
-        on_gpu = any(p["device"].startswith("cuda") for p in self.placed)
+        on_gpu = any(p["device"] not in OFFLOAD_DEVICES for p in self.placed)  # cuda, xpu, npu, mps …
         return [p for p in self.placed if p["device"] in ("disk", "meta") or (p["device"] == "cpu" and on_gpu)]
 
     def findings(self) -> list[Finding]:
@@ -73,7 +72,7 @@ class PlacementReport(TextRepr):
             names = ", ".join(self.meta_parameters[:6])
         detail = (f"{len(off)} module(s), {offloaded_bytes:,} bytes that did not fit the compute devices' memory, are "
                   f"offloaded: {names}. " if off else f"{len(self.meta_parameters)} parameter(s) on meta: {names}. ")
-        if self.attn_implementation in CUDA_ONLY_ATTENTION:
+        if "flash" in (self.attn_implementation or ""):  # flash_attention_2/3, hub kernels (…/flash-attn…)
             return [Finding("placement.offload", "fail",
                             f"{self.attn_implementation} cannot run on offloaded modules",
                             detail + f"{self.attn_implementation} needs every tensor on CUDA: each forward fails "
