@@ -110,7 +110,8 @@ def lab_server(notebook_dir: Path = NOTEBOOK_DIR, *, port: int | None = None, st
                f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={notebook_dir}",
                f"--IdentityProvider.token={token}", f"--LabApp.workspaces_dir={workspaces}",
                f"--LabApp.default_url=/lab/workspaces/{WORKSPACE}",
-               "--LabApp.news_url=None", f"--LabApp.user_settings_dir={state / 'user-settings'}"] + ["--allow-root"] * (os.geteuid() == 0)
+               "--LabApp.news_url=None", f"--LabApp.user_settings_dir={state / 'user-settings'}"]
+    command += ["--allow-root"] * (os.geteuid() == 0)
     env = {**os.environ, **(env or {}), "JUPYTER_RUNTIME_DIR": str(state / "runtime")}
     log = state / "jupyterlab.log"
     with open(log, "ab") as out:  # the server's own log: shown when it fails to start

@@ -139,7 +139,8 @@ class LineageReport(TextRepr):
         evidence = {"adapter": self.adapter, "recorded_base": self.recorded_base,
                     "recorded_revision": self.recorded_revision, "recorded_resolved": self.recorded_resolved,
                     "loaded_base": self.loaded_base, "loaded_source": self.loaded_source,
-                    "target_modules_checked": self.checked_modules, "shapes_not_checked": self.shapes_not_checked, "shape_mismatches": self.shape_mismatches[:20],
+                    "target_modules_checked": self.checked_modules, "shapes_not_checked": self.shapes_not_checked,
+                    "shape_mismatches": self.shape_mismatches[:20],
                     "base_differences": self.base_differences,
                     "chain": [dataclasses.asdict(n) for n in self.chain]}
         if self.adapter is None:
@@ -251,8 +252,9 @@ def lineage_svg(nodes: list[ChainNode], edges: list[tuple[int, int, str]]) -> st
         parts.append(f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="{colour}"{dashed} '
                      'marker-end="url(#wb-arrow)"/>')
         lx, ly = (x1 + x2) / 2, (min(y1, y2) - 6 if ya == yb else (y1 + y2) / 2 + 4)
-        parts.append(f'<text x="{lx + (0 if ya == yb else 8)}" y="{ly}" text-anchor="{"middle" if ya == yb else "start"}" '
-                     f'fill="{colour}" font-size="10">{esc(label[:38])}</text>')
+        anchor = "middle" if ya == yb else "start"
+        parts.append(f'<text x="{lx + (0 if ya == yb else 8)}" y="{ly}" text-anchor="{anchor}" fill="{colour}" '
+                     f'font-size="10">{esc(label[:38])}</text>')
     return "<div>" + "".join(parts) + "</svg></div>"
 
 

@@ -226,7 +226,8 @@ class Panel:
             findings = self.session.run(self.target, groups, on_step)
             self.outputs["Findings"].append_display_data(self.session.results["Findings"][0])
             worst = worst_verdict(f.verdict for f in findings)
-            self.step_label.value += f" · done: {len(findings)} findings" + (f", worst {worst.upper()}" if worst else "")
+            self.step_label.value += (f" · done: {len(findings)} findings"
+                                      + (f", worst {worst.upper()}" if worst else ""))
             self.tabs.selected_index = TABS.index("Findings")
         finally:
             self.button.disabled = False

@@ -64,7 +64,8 @@ class RecipeList(TextRepr):
     def _repr_html_(self) -> str:
         from workbench.html import esc
 
-        rows = "".join(f"<tr><td>{esc(r.name)}</td><td>{esc(r.kind_or_missing())}</td><td><code>{esc(r.path)}</code></td>"
+        rows = "".join(f"<tr><td>{esc(r.name)}</td><td>{esc(r.kind_or_missing())}</td>"
+                       f"<td><code>{esc(r.path)}</code></td>"
                        f"<td><code>{esc(r.base or '')}</code></td></tr>" for r in self.recipes)
         return (f"<p>{len(self.recipes)} recipe(s) from {esc(self.source)}; reference base: "
                 f"<code>{esc(self.reference or 'none')}</code>; dataset: <code>{esc(self.dataset or 'none')}</code>"
@@ -128,8 +129,8 @@ def read_recipes(path: str | Path) -> RecipeList:
 
 def recipes_for(target, recipes_path: str | None = None) -> RecipeList:
     """The recipes file when given ("demo" or "demo:ROOT": the bundled demo's, trained on first use), else the target
-    as one recipe with its base as the reference row. Dataset and sample count from the parameters (`eval_dataset`, `eval_samples`)
-    override the file's."""
+    as one recipe with its base as the reference row. Dataset and sample count from the parameters (`eval_dataset`,
+    `eval_samples`) override the file's."""
     if recipes_path and recipes_path.split(":", 1)[0] == "demo":
         from workbench.demo import build_demo_recipes
 
