@@ -17,7 +17,8 @@ th,td{border-bottom:1px solid #ddd;padding:6px 8px;vertical-align:top;text-align
    overflow-wrap:anywhere}
 th{background:#f5f5f5} code{font-size:0.9em} pre{white-space:pre-wrap;font-size:0.8em;max-height:24em;overflow:auto}
 .summary{font-size:1.2em;margin:0.5em 0 1em}
-.wb-findings td:nth-child(1),.wb-findings td:nth-child(2),.wb-findings td:nth-child(4){white-space:nowrap;
+.wb-findings th,.wb-findings td:nth-child(1),.wb-findings td:nth-child(2),
+.wb-findings td:nth-child(4){white-space:nowrap;
    overflow-wrap:normal}
 """
 
