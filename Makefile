@@ -24,7 +24,7 @@ DIAGNOSE_ARGS := $(CKPT) \
 	$(if $(DISTRIBUTED),--distributed $(DISTRIBUTED)) \
 	--reports-dir $(REPORTS)
 
-.PHONY: install diagnose census demo test lab notebooks bench clean
+.PHONY: install diagnose census checks demo test test-fast lab bench clean
 
 install: $(STAMP)
 
@@ -60,9 +60,6 @@ bench: install
 
 lab: install
 	$(PY) -m workbench lab
-
-notebooks: install
-	$(PY) tools/make_notebooks.py
 
 clean:
 	rm -rf .cache .pytest_cache reports/20*

@@ -61,20 +61,20 @@ def row(rows: list, what: str, ours: list[dict], naive: list[dict] | None, note:
 
 
 HEADER_CENSUS = """
-from workbench.loading import auto_config, model_class_for
+from workbench.model.loading import auto_config, model_class_for
 model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
-from workbench.target import resolve_target
-from workbench.dtype_report import checkpoint_report
+from workbench.model.target import resolve_target
+from workbench.probes.dtype.probes import checkpoint_probe
 start = time.perf_counter()
-report = checkpoint_report(resolve_target(FOLDER))
+report = checkpoint_probe(resolve_target(FOLDER))
 result = {'bytes_read': sum(c.bytes_read for c in report.censuses), 'tensors': sum(len(h.tensors) for i in report.inspections for h in i.headers)}
 """
 
 NAIVE_LOADED_CENSUS = """
-from workbench.loading import auto_config, model_class_for
+from workbench.model.loading import auto_config, model_class_for
 model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
 from collections import Counter
-from workbench.loading import load_pretrained
+from workbench.model.loading import load_pretrained
 start = time.perf_counter()
 model = load_pretrained(FOLDER)
 counts = Counter((str(p.dtype)) for p in model.parameters())
@@ -82,7 +82,7 @@ result = {'tensors': sum(counts.values())}
 """
 
 NAIVE_READ_ALL = """
-from workbench.loading import auto_config, model_class_for
+from workbench.model.loading import auto_config, model_class_for
 model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
 from collections import Counter
 from pathlib import Path
@@ -98,8 +98,8 @@ result = {'tensors': sum(counts.values()), 'bytes_read': read}
 """
 
 LINEAGE_SAMPLED = """
-from workbench.checkpoint import inspect_checkpoint
-from workbench.lineage import sampled_fingerprints
+from workbench.model.checkpoint import inspect_checkpoint
+from workbench.probes.evaluation.lineage import sampled_fingerprints
 start = time.perf_counter()
 prints = sampled_fingerprints(inspect_checkpoint(FOLDER))
 result = {'tensors': len(prints)}
@@ -120,29 +120,29 @@ result = {'files': len(digests)}
 """
 
 PREDICTED = """
-from workbench.loading import auto_config, model_class_for
+from workbench.model.loading import auto_config, model_class_for
 model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
-from workbench.census import predicted_quantized_census
-from workbench.loading import auto_config
+from workbench.probes.dtype.census import predicted_quantized_census
+from workbench.model.loading import auto_config
 start = time.perf_counter()
 census = predicted_quantized_census(auto_config(FOLDER), '4bit')
 result = {'tensors': sum(r['tensors'] for r in census.rows)}
 """
 
 REAL_4BIT = """
-from workbench.loading import auto_config, model_class_for
+from workbench.model.loading import auto_config, model_class_for
 model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
-from workbench.census import dtype_census
-from workbench.loading import load_pretrained
+from workbench.probes.dtype.census import dtype_census
+from workbench.model.loading import load_pretrained
 start = time.perf_counter()
 census = dtype_census(load_pretrained(FOLDER, quant='4bit'))
 result = {'tensors': sum(r['tensors'] for r in census.rows)}
 """
 
 TRACER = """
-from workbench.inputs import sample_inputs
-from workbench.loading import load_pretrained
-from workbench.tracer import DtypeTracer
+from workbench.model.inputs import sample_inputs
+from workbench.model.loading import load_pretrained
+from workbench.probes.dtype.tracer import DtypeTracer
 torch.set_num_threads(1)
 model = load_pretrained(FOLDER).eval()
 inputs, _ = sample_inputs(model, FOLDER)
@@ -185,7 +185,7 @@ def kernel_and_export(report_folder: Path, repeats: int) -> tuple[list[float], l
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook
 
-    from workbench.runner import export_html
+    from workbench.report.runner import export_html
 
     starts, exports = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -286,7 +286,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from sparse_checkpoint import write_sparse_checkpoint
 
-    from workbench.demo import build_demo
+    from workbench.demo.build import build_demo
 
     demo = build_demo()
     rows: list[tuple] = []

@@ -28,7 +28,7 @@ def qwen2vl_7b_config():
 
 
 def write_sparse_checkpoint(out: Path) -> Path:
-    from workbench.loading import meta_model
+    from workbench.model.loading import meta_model
 
     out.mkdir(parents=True, exist_ok=True)
     config = qwen2vl_7b_config()

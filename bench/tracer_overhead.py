@@ -15,11 +15,11 @@ import time
 
 import torch
 
-from workbench.demo import build_demo
-from workbench.inputs import sample_inputs
-from workbench.loading import load_pretrained
+from workbench.demo.build import build_demo
+from workbench.model.inputs import sample_inputs
+from workbench.model.loading import load_pretrained
 from workbench.runtime import quiet_and_offline
-from workbench.tracer import DtypeTracer
+from workbench.probes.dtype.tracer import DtypeTracer
 
 
 def ms(fn) -> float:

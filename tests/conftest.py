@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from workbench.demo import DemoPaths, DemoRecipes, build_demo, build_demo_recipes  # noqa: E402
+from workbench.demo.build import DemoPaths, DemoRecipes, build_demo, build_demo_recipes  # noqa: E402
 from workbench.runtime import quiet_and_offline  # noqa: E402
 
 quiet_and_offline()
@@ -25,6 +25,25 @@ def demo(tmp_path_factory) -> DemoPaths:
 def demo_recipes(demo) -> DemoRecipes:
     """The demo's four recipes, trained once per test session beside the session's demo (a few minutes)."""
     return build_demo_recipes(demo.root, log=lambda *_: None)
+
+
+@pytest.fixture
+def contract_notebook():
+    """A report notebook of your own: the contract's parameters cell, then `body`; it declares `checks`."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from workbench.notebook import NOTEBOOK_PARAMETERS
+
+    def make(body: str, checks: list[str]) -> nbformat.NotebookNode:
+        nb = new_notebook()
+        params = new_code_cell("\n".join(f"{k} = {v!r}" for k, v in NOTEBOOK_PARAMETERS.items()))
+        params.metadata["tags"] = ["parameters"]
+        nb.cells = [params, new_code_cell(body)]
+        nb.metadata["kernelspec"] = {"name": "workbench", "display_name": "workbench", "language": "python"}
+        nb.metadata["workbench"] = {"checks": checks}
+        return nb
+    return make
 
 
 @pytest.fixture

@@ -98,7 +98,7 @@ def test_notebook_page_hides_code_until_asked_is_small_and_offline(report, page)
 
 
 def test_jupyterlab_opens_the_panel_and_diagnoses_the_demo_with_a_click(demo, browser, tmp_path):
-    from workbench.lab import lab_server
+    from workbench.interactive.lab import lab_server
 
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()

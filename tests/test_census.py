@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from workbench.census import census_differences, dtype_census, predicted_quantized_census, quantized_finding
-from workbench.loading import auto_config, load_pretrained
+from workbench.probes.dtype.census import census_differences, dtype_census, predicted_quantized_census, quantized_finding
+from workbench.model.loading import auto_config, load_pretrained
 
 
 def test_loaded_census_counts_parameters_and_buffers(demo):

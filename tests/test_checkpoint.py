@@ -1,8 +1,8 @@
 import json
 
-from workbench.checkpoint import checkpoint_key_mapper, inspect_checkpoint, static_census
-from workbench.components import ComponentClassifier
-from workbench.loading import auto_config, meta_model
+from workbench.model.checkpoint import checkpoint_key_mapper, inspect_checkpoint, static_census
+from workbench.model.components import ComponentClassifier
+from workbench.model.loading import auto_config, meta_model
 
 
 def test_sharded_checkpoint_is_whole(demo):

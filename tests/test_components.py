@@ -1,5 +1,5 @@
-from workbench.components import ComponentClassifier
-from workbench.loading import load_pretrained
+from workbench.model.components import ComponentClassifier
+from workbench.model.loading import load_pretrained
 
 
 def test_qwen2vl_split_comes_from_structure(demo):

@@ -1,6 +1,6 @@
-from workbench.device_map import device_map_finding, loaded_device_map, predict_device_map
-from workbench.loading import auto_config, load_pretrained
-from workbench.target import parse_max_memory
+from workbench.probes.parallel.device_map import device_map_finding, loaded_device_map, predict_device_map
+from workbench.model.loading import auto_config, load_pretrained
+from workbench.model.target import parse_max_memory
 
 
 def test_balanced_on_two_gpus_spans_both(demo):

@@ -6,8 +6,8 @@ import time
 import psutil
 import pytest
 
-from workbench.distributed_report import READY_TWICE, distributed_report, grad_agreement
-from workbench.target import resolve_target
+from workbench.distributed.probes import READY_TWICE, distributed_probe, grad_agreement
+from workbench.model.target import resolve_target
 
 
 def verdicts(report):
@@ -16,7 +16,7 @@ def verdicts(report):
 
 def user_setup(folder, monkeypatch, body: str) -> str:
     """A `--setup recipe:load` importable from the current folder, as a user's training script would be."""
-    (folder / "recipe.py").write_text("import os\nimport time\n\nimport torch\n\nfrom workbench.setups import plain\n\n\n"
+    (folder / "recipe.py").write_text("import os\nimport time\n\nimport torch\n\nfrom workbench.model.setups import plain\n\n\n"
                                       "def load(checkpoint, **options):\n" + body)
     monkeypatch.chdir(folder)
     return "recipe:load"
@@ -32,7 +32,7 @@ def assert_nothing_left(report):
 
 
 def test_healthy_model_passes_both_checks_and_shows_the_prefix_table(demo):
-    report = distributed_report(resolve_target(str(demo.llama)), ranks=2, timeout=240)
+    report = distributed_probe(resolve_target(str(demo.llama)), ranks=2, timeout=240)
     found = verdicts(report)
     ddp, fsdp = found["distributed.ddp"], found["distributed.fsdp"]
     assert ddp.verdict == "pass" and "equal on all 2 ranks" in ddp.title, (ddp.title, ddp.detail)
@@ -65,7 +65,7 @@ def test_a_frozen_fp32_buffer_and_reentrant_checkpointing_are_named(demo, tmp_pa
         "    norm.forward = lambda hidden: original(hidden) - norm.std_bias\n"
         "    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': True})\n"
         "    return get_peft_model(model, LoraConfig(r=4, target_modules=['q_proj', 'v_proj']))\n"))
-    report = distributed_report(resolve_target(str(demo.llama), setup=setup), ranks=2, timeout=240)
+    report = distributed_probe(resolve_target(str(demo.llama), setup=setup), ranks=2, timeout=240)
     found = verdicts(report)
     fsdp = found["distributed.fsdp"]
     assert fsdp.verdict == "fail", (fsdp.title, fsdp.detail)
@@ -85,7 +85,7 @@ def test_a_trainable_tensor_off_the_forward_path_and_an_anchored_pattern_warn(de
         "    model.model.unused_adapter = torch.nn.Linear(8, 8)  # trainable, never called by forward\n"
         "    return model\n"))
     target = resolve_target(str(demo.llama), setup=setup, params={"components": {"head": ["^lm_head"]}})
-    report = distributed_report(target, ranks=2, timeout=240)
+    report = distributed_probe(target, ranks=2, timeout=240)
     ddp = verdicts(report)["distributed.ddp"]
     assert ddp.verdict == "warn", (ddp.title, ddp.detail)
     assert ddp.title.startswith("2 trainable tensor(s) get no gradient") and "re.search('^lm_head', name)" in ddp.title
@@ -102,7 +102,7 @@ def test_a_rank_that_crashes_is_an_error_carrying_its_traceback(demo, tmp_path, 
         "    if os.environ['RANK'] == '1':\n"
         "        raise RuntimeError('rank one cannot read its shard')\n"
         "    return plain(checkpoint, **options)\n"))
-    report = distributed_report(resolve_target(str(demo.llama), setup=setup), ranks=2, timeout=240)
+    report = distributed_probe(resolve_target(str(demo.llama), setup=setup), ranks=2, timeout=240)
     for finding in report.findings():
         assert finding.verdict == "error", finding.title
         assert finding.title.startswith("Rank 1 crashed during set-up for DDP: RuntimeError"), finding.title
@@ -114,7 +114,7 @@ def test_a_rank_that_crashes_is_an_error_carrying_its_traceback(demo, tmp_path, 
 def test_a_hanging_rank_times_out_and_leaves_no_process(demo, tmp_path, monkeypatch):
     setup = user_setup(tmp_path, monkeypatch, "    time.sleep(600)\n")
     start = time.monotonic()
-    report = distributed_report(resolve_target(str(demo.llama), setup=setup), ranks=2, timeout=25)
+    report = distributed_probe(resolve_target(str(demo.llama), setup=setup), ranks=2, timeout=25)
     assert time.monotonic() - start < 25 + 15
     for finding in report.findings():
         assert finding.verdict == "error" and finding.title == "Timed out after 25 s", finding.title
@@ -132,11 +132,13 @@ def test_gradient_agreement_names_the_tensor_a_rank_disagrees_on():
 
 
 def test_not_asked_and_too_big_are_skips_that_launch_nothing(demo):
-    assert distributed_report.checks == ("distributed.ddp", "distributed.fsdp")
-    found = verdicts(distributed_report(resolve_target(str(demo.llama)), ranks=0))
+    from workbench.catalog import checks_reported_by
+
+    assert checks_reported_by(distributed_probe) == ("distributed.ddp", "distributed.fsdp")
+    found = verdicts(distributed_probe(resolve_target(str(demo.llama)), ranks=0))
     assert {f.verdict for f in found.values()} == {"skip"} and "--distributed" in found["distributed.ddp"].fix
     tight = resolve_target(str(demo.llama), params={"memory_limit_bytes": 100_000})
-    report = distributed_report(tight, ranks=2)
+    report = distributed_probe(tight, ranks=2)
     assert not report.launch and "would not fit" in report.findings()[0].title
     assert "2 ranks each load the model" in report.findings()[1].detail
 
@@ -161,7 +163,7 @@ def test_diagnose_with_distributed_2_reports_both_checks_in_notebook_06(demo, tm
 def test_a_collate_that_touches_cuda_fails_in_forked_workers_on_a_gpu():
     import torch.multiprocessing as mp
 
-    from workbench.distributed_dataloader import data_loading_facts
+    from workbench.distributed.dataloader import data_loading_facts
 
     facts = data_loading_facts()
     assert facts["cuda_collate"]["tested"] is True

@@ -7,11 +7,11 @@ import sys
 import pytest
 
 import workbench as wb
-from workbench.evaluation import EvaluationReport, RecipeOutcome, evaluate_recipes
-from workbench.grounding import write_dataset
-from workbench.lineage import adapter_lineage
-from workbench.placement import placement_of
-from workbench.recipes import read_recipes, recipes_for
+from workbench.probes.evaluation.evaluate import EvaluationResult, RecipeOutcome, evaluate_recipes
+from workbench.demo.grounding import write_dataset
+from workbench.probes.evaluation.lineage import adapter_lineage
+from workbench.probes.evaluation.placement import placement_of
+from workbench.probes.evaluation.recipes import read_recipes, recipes_for
 
 
 def verdict(report, check):
@@ -20,7 +20,7 @@ def verdict(report, check):
 
 def test_the_stage2_adapter_resolves_to_stage1_and_passes(demo):
     target = wb.resolve_target(str(demo.qwen_stage2))
-    report = wb.adapter_lineage_report(target, reference=str(demo.qwen_base))
+    report = wb.adapter_lineage_probe(target, reference=str(demo.qwen_base))
     finding = verdict(report, "adapter.base_model")
     assert finding.verdict == "pass" and "qwen2vl-stage1" in finding.title
     assert report.checked_modules == 28 and not report.shape_mismatches
@@ -30,7 +30,7 @@ def test_the_stage2_adapter_resolves_to_stage1_and_passes(demo):
 
 def test_overriding_the_base_with_the_original_model_fails_naming_both(demo):
     target = wb.resolve_target(str(demo.qwen_stage2), base=str(demo.qwen_base))
-    report = wb.adapter_lineage_report(target)
+    report = wb.adapter_lineage_probe(target)
     finding = verdict(report, "adapter.base_model")
     assert finding.verdict == "fail"
     assert str(demo.qwen_base) in finding.title and str(demo.qwen_stage1) in finding.title
@@ -58,7 +58,7 @@ def test_a_missing_recorded_base_is_an_error_naming_the_path(demo, copy_of, edit
 
 
 def test_forced_offload_is_flagged_with_its_modules_and_flash_attention_fails(demo):
-    from workbench.loading import load_pretrained
+    from workbench.model.loading import load_pretrained
 
     model = load_pretrained(demo.llama, device_map="auto", max_memory={"cpu": "200KB"})
     report = placement_of(model, "llama")
@@ -121,10 +121,10 @@ def test_memory_growth_between_recipes_is_flagged():
     def outcome(name, after_free):
         return RecipeOutcome(name, "full", name, memory={"before": 0, "peak": 2 * 2**30, "after_free": after_free,
                                                          "model_bytes": 2**30, "seconds": 1.0})
-    healthy = EvaluationReport([outcome("base", 3 * 2**30), outcome("r1", 3 * 2**30 + 2**20)], "base", None, 0, [],
+    healthy = EvaluationResult([outcome("base", 3 * 2**30), outcome("r1", 3 * 2**30 + 2**20)], "base", None, 0, [],
                                "test", "RSS")
     assert verdict(healthy, "eval.memory").verdict == "pass"
-    leaky = EvaluationReport([outcome("base", 3 * 2**30), outcome("r1", 4 * 2**30)], "base", None, 0, [], "test",
+    leaky = EvaluationResult([outcome("base", 3 * 2**30), outcome("r1", 4 * 2**30)], "base", None, 0, [], "test",
                              "RSS")
     finding = verdict(leaky, "eval.memory")
     assert finding.verdict == "warn" and "r1 (+1024 MiB" in finding.detail

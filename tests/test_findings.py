@@ -1,7 +1,7 @@
 import pytest
 
 from workbench.findings import Finding, sort_findings, worst_verdict
-from workbench.runner import exit_code
+from workbench.report.runner import exit_code
 
 
 def test_verdict_vocabulary_is_enforced():

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from workbench.grounding import (GRID, IMAGE_SIZE, QUESTION, SCALE, format_box, make_sample, parse_box,
+from workbench.demo.grounding import (GRID, IMAGE_SIZE, QUESTION, SCALE, format_box, make_sample, parse_box,
                                  read_dataset, write_dataset)
 
 
@@ -35,7 +35,7 @@ def test_box_pixels_differ_from_the_background():
 
 
 def test_an_image_is_sixteen_image_tokens_for_the_demo_processor(demo):
-    from workbench.inputs import load_vlm_parts, vlm_inputs
+    from workbench.model.inputs import load_vlm_parts, vlm_inputs
 
     tokenizer, image_processor = load_vlm_parts(demo.qwen_base)
     inputs = vlm_inputs(tokenizer, image_processor, make_sample(0).image, QUESTION)

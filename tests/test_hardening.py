@@ -18,10 +18,10 @@ from workbench import cli
 from workbench.errors import UsageError
 from workbench.params import validate_params
 from workbench.resources import ResourceError
-from workbench.runner import diagnose
-from workbench.safetensors_header import HeaderError, read_header
-from workbench.setups import prepare_model
-from workbench.target import resolve_target
+from workbench.report.runner import diagnose
+from workbench.model.safetensors_header import HeaderError, read_header
+from workbench.model.setups import prepare_model
+from workbench.model.target import resolve_target
 
 
 def run_cli(*args, env=None, cwd=None):
@@ -73,9 +73,9 @@ def test_a_full_disk_is_one_line_and_exit_2(demo, tmp_path, monkeypatch, capsys)
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "findings.json"))
 
-    monkeypatch.setattr("workbench.runner.write_json_atomic", full)
-    monkeypatch.setattr("workbench.runner.run_notebook",
-                        lambda nb, folder, params, kernel, timeout: __import__("workbench.runner").runner.NotebookRun(
+    monkeypatch.setattr("workbench.report.runner.write_json_atomic", full)
+    monkeypatch.setattr("workbench.report.runner.run_notebook",
+                        lambda nb, folder, params, kernel, timeout: __import__("workbench.report.runner", fromlist=["NotebookRun"]).NotebookRun(
                             nb.stem, "ok", None, 0.0))
     code = cli.main(["diagnose", str(demo.llama), "--reports-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
@@ -141,24 +141,18 @@ def test_an_interrupted_run_leaves_no_report_that_looks_whole(demo, tmp_path, mo
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("workbench.runner.run_notebook", interrupted)
+    monkeypatch.setattr("workbench.report.runner.run_notebook", interrupted)
     with pytest.raises(KeyboardInterrupt):
         diagnose(resolve_target(str(demo.llama)), reports_dir=tmp_path, echo=lambda line: None)
     day = next(tmp_path.iterdir())
     assert [p.name.startswith(".") and p.name.endswith(".partial") for p in day.iterdir()] == [True]
 
 
-def test_a_cell_that_hangs_is_stopped_and_the_next_notebook_runs(demo, tmp_path):
+def test_a_cell_that_hangs_is_stopped_and_the_next_notebook_runs(demo, tmp_path, contract_notebook):
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     for name, body in [("01_hang", "import time\ntime.sleep(60)"), ("02_ok", "x = 1")]:
-        nb = new_notebook()
-        params = new_code_cell("checkpoint = ''\nfindings_path = 'x.json'")
-        params.metadata["tags"] = ["parameters"]
-        nb.cells = [params, new_code_cell(body)]
-        nb.metadata["kernelspec"] = {"name": "workbench", "display_name": "workbench", "language": "python"}
-        nb.metadata["workbench"] = {"checks": [f"{name}.check"]}
-        nbformat.write(nb, notebooks / f"{name}.ipynb")
+        nbformat.write(contract_notebook(body, [f"{name}.check"]), notebooks / f"{name}.ipynb")
     folder, findings = diagnose(resolve_target(str(demo.llama)), reports_dir=tmp_path / "r", notebook_dir=notebooks,
                                 echo=lambda line: None, cell_timeout=3)
     report = json.loads((folder / "findings.json").read_text())

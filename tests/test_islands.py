@@ -1,8 +1,8 @@
 import torch
 
-from workbench.islands import fp32_islands
-from workbench.loading import load_pretrained
-from workbench.setups import qlora
+from workbench.probes.dtype.islands import fp32_islands
+from workbench.model.loading import load_pretrained
+from workbench.model.setups import qlora
 
 
 def test_healthy_bf16_model_has_only_intentional_islands(demo):

@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from workbench.grounding import GroundingRow, make_sample
-from workbench.metrics import (METRICS, SampleRecord, box_iou, compute_metrics, evaluate_samples, metrics_table,
+from workbench.demo.grounding import GroundingRow, make_sample
+from workbench.probes.evaluation.metrics import (METRICS, SampleRecord, box_iou, compute_metrics, evaluate_samples, metrics_table,
                                register_metric, summarize, teacher_forced_inputs, teacher_forced_scores)
 
 
@@ -85,7 +85,7 @@ def base_parts(demo):
     import torch
     from transformers import Qwen2VLForConditionalGeneration
 
-    from workbench.inputs import load_vlm_parts
+    from workbench.model.inputs import load_vlm_parts
 
     torch.set_num_threads(2)
     tokenizer, image_processor = load_vlm_parts(demo.qwen_base)

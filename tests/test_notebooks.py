@@ -1,20 +1,30 @@
+"""The notebooks are source files that follow one contract: output-free, the parameters cell equal to
+NOTEBOOK_PARAMETERS (as papermill reads it), and the steps each notebook runs equal to the catalog's sequence."""
+
 import json
 import re
 from pathlib import Path
 
+import papermill
 import pytest
 
 import workbench
+from workbench.catalog import CHECKS, NOTEBOOKS, notebook
+from workbench.notebook import NOTEBOOK_PARAMETERS
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
-REPORT_NOTEBOOKS = [p for p in NOTEBOOKS if re.match(r"\d\d_", p.name)]  # what diagnose runs; panel.ipynb is not
-
-
-def test_there_are_notebooks():
-    assert any(p.stem == "01_dtype_distribution" for p in NOTEBOOKS)
+NOTEBOOK_FILES = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+REPORT_NOTEBOOKS = [p for p in NOTEBOOK_FILES if re.match(r"\d\d_", p.name)]  # what diagnose runs; panel.ipynb is not
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def code_of(path: Path) -> str:
+    return "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+
+
+def test_every_catalog_notebook_has_a_file_and_every_report_notebook_is_in_the_catalog():
+    assert [p.stem for p in REPORT_NOTEBOOKS] == [nb.name for nb in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
 def test_committed_notebooks_carry_no_outputs(path):
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
@@ -23,24 +33,51 @@ def test_committed_notebooks_carry_no_outputs(path):
 
 
 def test_the_panel_notebook_is_interactive_only():
-    from workbench.runner import find_notebooks
+    from workbench.report.runner import find_notebooks
 
-    assert "panel" in [p.stem for p in NOTEBOOKS] and "panel" not in [p.stem for p in find_notebooks()]
+    assert "panel" in [p.stem for p in NOTEBOOK_FILES] and "panel" not in [p.stem for p in find_notebooks()]
 
 
 @pytest.mark.parametrize("path", REPORT_NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebooks_are_parameterized_and_declare_checks(path):
+def test_the_parameters_cell_is_the_contract(path):
     nb = json.loads(path.read_text())
     tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1
     assert nb["metadata"]["kernelspec"]["name"] == "workbench"
-    assert nb["metadata"]["workbench"]["checks"]
+    declared = papermill.inspect_notebook(str(path))
+    assert list(declared) == list(NOTEBOOK_PARAMETERS)
+    for name, default in NOTEBOOK_PARAMETERS.items():
+        assert eval(declared[name]["default"]) == default, name  # noqa: S307 - our own committed literal
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", REPORT_NOTEBOOKS, ids=lambda p: p.stem)
+def test_each_notebook_runs_the_catalog_steps_in_order(path):
+    source = code_of(path)
+    assert f'wb.open_notebook("{path.stem}", parameters=globals())' in source
+    assert re.findall(r'nb\.run\("(\w+)"\)', source) == [s.name for s in notebook(path.stem).steps]
+
+
+def test_the_catalog_is_consistent():
+    ids = [c.id for c in CHECKS]
+    assert len(ids) == len(set(ids))
+    names = {nb.name for nb in NOTEBOOKS}
+    for c in CHECKS:
+        assert c.notebook in names and c.verdicts and set(c.verdicts) <= set(workbench.catalog.VERDICTS), c.id
+    for nb in NOTEBOOKS:
+        seen = {"target"}
+        for step in nb.steps:  # inputs name earlier steps, and every probe resolves
+            for ref in (*step.args, *step.kwargs.values()):
+                if not ref.startswith(("params.", "option.")):
+                    assert ref.rstrip("?") in seen, (nb.name, step.name, ref)
+            assert callable(step.function()), step.probe
+            seen.add(step.name)
+        reported = {c for s in nb.steps for c in workbench.catalog.checks_reported_by(s.function())}
+        assert reported == set(nb.checks), nb.name  # every check of the notebook is answered by one of its steps
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
 def test_notebooks_use_only_the_public_surface(path):
-    source = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
-    used = set(re.findall(r"\bwb\.(\w+)", source))
+    used = set(re.findall(r"\bwb\.(\w+)", code_of(path)))
     assert used <= set(workbench.__all__), used - set(workbench.__all__)
 
 

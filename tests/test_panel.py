@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from workbench.lab import free_loopback_port, workspace
-from workbench.panel import GROUPS, Panel, PanelSession
-from workbench.text_render import html_to_text
+from workbench.interactive.lab import free_loopback_port, workspace
+from workbench.interactive.panel import GROUPS, Panel, PanelSession
+from workbench.report.text import html_to_text
 
 
 def test_the_path_box_validates_and_shows_the_base_an_adapter_resolves_to(demo, tmp_path):
@@ -35,7 +35,8 @@ def test_run_probes_fills_the_tabs_and_finds_the_demo_crash(demo):
     assert verdicts["checkpoint.integrity"] == "pass" and "peft.attributes" in verdicts
     assert panel.progress.value == panel.progress.max == len(panel.session.steps_for(set(GROUPS)))
     assert "done: " in panel.step_label.value and "worst FAIL" in panel.step_label.value
-    for tab, out in panel.outputs.items():  # every tab got a rendered result, HTML and text
+    for tab in (*GROUPS, "Findings"):  # every ticked notebook's tab got a rendered result, HTML and text
+        out = panel.outputs[tab]
         assert out.outputs, f"tab {tab} is empty"
         assert all({"text/html", "text/plain"} <= set(o["data"]) for o in out.outputs)
     flow = " ".join(o["data"]["text/html"] for o in panel.outputs["Forward flow"].outputs)
@@ -46,14 +47,14 @@ def test_only_the_ticked_groups_run_and_a_crashing_probe_does_not_stop_the_rest(
     session = PanelSession(tmp_path)
     target = session.validate(str(demo.llama))
     labels = [s.label for s in session.steps_for({"DataParallel"})]
-    assert labels == ["prepare the model (set-up)", "Trainer wrap (DataParallel)"]
+    assert labels == ["prepare the model (set-up)", "Trainer wrap (DataParallel)", "device maps"]
 
-    import workbench
+    import workbench.probes.dtype.headers as headers
 
     def broken(*args, **kwargs):
         raise RuntimeError("planted probe crash")
-    broken.checks = ("checkpoint.integrity", "dtype.census")
-    monkeypatch.setattr(workbench, "checkpoint_report", broken)
+    broken.__module__, broken.__name__ = headers.__name__, "checkpoint_probe"  # the catalog's probe, crashing
+    monkeypatch.setattr(headers, "checkpoint_probe", broken)
     seen = []
     findings = session.run(target, {"Dtype census"}, lambda i, n, step, s: seen.append((i, step.label, s is None)))
     by_id = {f.id: f for f in findings}
@@ -67,7 +68,7 @@ def test_results_print_as_text_derived_from_their_html(demo):
     import workbench as wb
 
     target = wb.resolve_target(str(demo.qwen_stage2))
-    text = repr(wb.checkpoint_report(target))
+    text = repr(wb.checkpoint_probe(target))
     assert "object at 0x" not in text and "checkpoint.integrity" in text and "PASS" in text
     assert "vision" in text and "language" in text  # the census table, as columns
     assert repr(target).splitlines()[0].startswith("checkpoint")

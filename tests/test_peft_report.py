@@ -1,11 +1,11 @@
-from workbench.peft_report import peft_attribute_report, peft_layer_status_report, with_setup_attributes
-from workbench.setups import prepare_model
-from workbench.target import resolve_target
+from workbench.probes.peft.probes import peft_attribute_probe, peft_layer_status_probe, with_setup_attributes
+from workbench.model.setups import prepare_model
+from workbench.model.target import resolve_target
 
 
 def test_stage2_attributes_survive_and_forwarding_is_marked(demo):
     target = resolve_target(str(demo.qwen_stage2), quant="4bit", setup="qlora", gpus=2)
-    report = peft_attribute_report(target)
+    report = peft_attribute_probe(target)
     steps = [s.step for s in report.snapshots]
     assert steps == ["raw model", "prepare_model_for_kbit_training", "PeftModel.from_pretrained",
                      "Trainer (n_gpu=2)"]
@@ -18,7 +18,7 @@ def test_stage2_attributes_survive_and_forwarding_is_marked(demo):
 def test_a_wrapper_that_drops_attributes_fails(demo, tmp_path, monkeypatch):
     (tmp_path / "wrapping_recipe.py").write_text(
         "import torch\n"
-        "from workbench.setups import qlora\n"
+        "from workbench.model.setups import qlora\n"
         "class Wrapper(torch.nn.Module):\n"
         "    def __init__(self, inner):\n"
         "        super().__init__()\n"
@@ -27,7 +27,7 @@ def test_a_wrapper_that_drops_attributes_fails(demo, tmp_path, monkeypatch):
         "    return Wrapper(qlora(checkpoint, adapter=adapter))\n")
     monkeypatch.chdir(tmp_path)
     target = resolve_target(str(demo.qwen_stage2), quant="4bit", setup="wrapping_recipe:load")
-    chain = peft_attribute_report(target)
+    chain = peft_attribute_probe(target)
     assert chain.findings()[0].verdict == "info"  # the standard chain keeps everything
     finding = with_setup_attributes(chain, prepare_model(target), target).findings()[0]
     assert finding.verdict == "fail"
@@ -36,7 +36,7 @@ def test_a_wrapper_that_drops_attributes_fails(demo, tmp_path, monkeypatch):
 
 def test_layer_status_from_peft(demo):
     prepared = prepare_model(resolve_target(str(demo.qwen_stage2), quant="4bit", setup="qlora"))
-    report = peft_layer_status_report(prepared)
+    report = peft_layer_status_probe(prepared)
     assert report.model_status["num_adapter_layers"] == 14 == len(report.layers)
     assert all(r["A/B dtype"] == "float32" and r["base compute dtype"] == "bfloat16" for r in report.layers)
     finding = report.findings()[0]
@@ -48,10 +48,10 @@ def test_irregular_requires_grad_warns(demo):
     for name, p in prepared.model.named_parameters():
         if "layers.0.self_attn.q_proj.lora_" in name:
             p.requires_grad_(False)
-    finding = peft_layer_status_report(prepared).findings()[0]
+    finding = peft_layer_status_probe(prepared).findings()[0]
     assert finding.verdict == "warn" and "requires_grad" in finding.title
 
 
 def test_no_adapter_is_a_skip(demo):
-    finding = peft_layer_status_report(prepare_model(resolve_target(str(demo.llama)))).findings()[0]
+    finding = peft_layer_status_probe(prepare_model(resolve_target(str(demo.llama)))).findings()[0]
     assert finding.verdict == "skip"

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from workbench.grounding import read_dataset
-from workbench.inputs import load_vlm_parts
-from workbench.metrics import compute_metrics, evaluate_samples
-from workbench.recipe_training import RECIPES, TrainingSettings, build_recipes, train_recipe
+from workbench.demo.grounding import read_dataset
+from workbench.model.inputs import load_vlm_parts
+from workbench.probes.evaluation.metrics import compute_metrics, evaluate_samples
+from workbench.demo.training import RECIPES, TrainingSettings, build_recipes, train_recipe
 
 RECIPE_NAMES = ["r1-llm-only", "r2-vision-only", "r3-stage2", "r4-joint"]    # what the seeds' table compares
 

@@ -1,9 +1,9 @@
 import pytest
 import transformers
 
-from workbench.loading import load_pretrained
-from workbench.release_rules import decide, release_line_for, verdicts_across_releases
-from workbench.trainer_wrap import observe_trainer
+from workbench.model.loading import load_pretrained
+from workbench.probes.parallel.release_rules import decide, release_line_for, verdicts_across_releases
+from workbench.probes.parallel.trainer_wrap import observe_trainer
 
 
 def line(version):

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
 
-from workbench.runner import diagnose, new_report_folder
-from workbench.target import resolve_target
+from workbench.report.runner import diagnose, new_report_folder
+from workbench.model.target import resolve_target
 
 CONTRACT_KEYS = {"schema_version", "run_id", "created", "target", "environment", "notebooks", "findings"}
 NOTEBOOK_01_CHECKS = {"checkpoint.integrity", "dtype.census", "dtype.quantized_census", "dtype.fp32_islands"}
@@ -114,22 +113,12 @@ def test_a_model_family_the_demo_does_not_use(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()} == before  # nothing written into the checkpoint
 
 
-def _notebook(body: str, checks: list[str]) -> nbformat.NotebookNode:
-    nb = new_notebook()
-    params = new_code_cell("checkpoint = ''\nfindings_path = 'x.json'")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "workbench", "display_name": "workbench", "language": "python"}
-    nb.metadata["workbench"] = {"checks": checks}
-    return nb
-
-
 @pytest.mark.slow
-def test_a_failing_notebook_is_an_artifact_and_the_next_still_runs(demo, tmp_path):
+def test_a_failing_notebook_is_an_artifact_and_the_next_still_runs(demo, tmp_path, contract_notebook):
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
-    nbformat.write(_notebook("raise RuntimeError('planted crash')", ["boom.check"]), notebooks / "01_boom.ipynb")
-    nbformat.write(_notebook(
+    nbformat.write(contract_notebook("raise RuntimeError('planted crash')", ["boom.check"]), notebooks / "01_boom.ipynb")
+    nbformat.write(contract_notebook(
         "import workbench as wb\nrec = wb.FindingsRecorder(findings_path, notebook='02_ok')\n"
         "rec.add(wb.Finding('ok.check', 'pass', 'fine'))", ["ok.check"]), notebooks / "02_ok.ipynb")
     target = resolve_target(str(demo.llama))
@@ -159,7 +148,7 @@ def test_notebooks_run_side_by_side_only_when_two_copies_fit_easily(demo, monkey
     target = resolve_target(str(demo.llama))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr("workbench.resources.available_bytes", lambda: (16 * 1024**3, "test"))
-    from workbench.runner import parallel_jobs
+    from workbench.report.runner import parallel_jobs
 
     assert parallel_jobs(target, 4) == 2
     assert parallel_jobs(target, 1) == 1

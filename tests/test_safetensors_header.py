@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from workbench.safetensors_header import HeaderError, read_header
+from workbench.model.safetensors_header import HeaderError, read_header
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 import pytest
 
 from workbench.errors import UsageError
-from workbench.setups import prepare_model, resolve_setup
-from workbench.target import resolve_target
+from workbench.model.setups import prepare_model, resolve_setup
+from workbench.model.target import resolve_target
 
 
 def test_plain_applies_the_adapter_for_inference(demo):

@@ -2,7 +2,7 @@ import pytest
 
 from workbench.errors import UsageError
 from workbench.params import load_params
-from workbench.target import parse_max_memory, resolve_target
+from workbench.model.target import parse_max_memory, resolve_target
 
 
 def test_adapter_resolves_its_recorded_base(demo):

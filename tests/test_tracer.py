@@ -3,9 +3,9 @@ import threading
 import pytest
 import torch
 
-from workbench.inputs import sample_inputs
-from workbench.loading import load_pretrained
-from workbench.tracer import DtypeTracer
+from workbench.model.inputs import sample_inputs
+from workbench.model.loading import load_pretrained
+from workbench.probes.dtype.tracer import DtypeTracer
 
 
 def hook_count(model):

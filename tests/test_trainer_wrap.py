@@ -1,12 +1,12 @@
 import torch
 
-from workbench.loading import load_pretrained
-from workbench.parallel_report import trainer_wrap_report
-from workbench.replica import replica_forward_check
-from workbench.inputs import sample_inputs
-from workbench.setups import prepare_model
-from workbench.target import resolve_target
-from workbench.trainer_wrap import observe_trainer
+from workbench.model.loading import load_pretrained
+from workbench.probes.parallel.probes import trainer_wrap_probe
+from workbench.probes.parallel.replica import replica_forward_check
+from workbench.model.inputs import sample_inputs
+from workbench.model.setups import prepare_model
+from workbench.model.target import resolve_target
+from workbench.probes.parallel.trainer_wrap import observe_trainer
 
 
 def test_two_gpus_halve_the_steps_the_seeds_signature(demo):
@@ -38,7 +38,7 @@ def test_replica_thread_runs_without_the_callers_autocast(demo):
 
 def test_healthy_bf16_model_on_two_gpus_warns_and_stays_runnable(demo):
     target = resolve_target(str(demo.qwen_base), gpus=2)
-    report = trainer_wrap_report(prepare_model(target), target)
+    report = trainer_wrap_probe(prepare_model(target), target)
     finding = report.findings()[0]
     assert finding.verdict == "warn" and "136 → 68" in finding.title
     assert all(outcome.ok for outcome in report.replica)
@@ -48,7 +48,7 @@ def test_planted_fp32_norm_before_bf16_head_fails(demo):
     target = resolve_target(str(demo.qwen_base), gpus=2)
     prepared = prepare_model(target)
     prepared.model.model.language_model.norm.float()  # what older trl's casting did: norms fp32, lm_head bf16
-    finding = trainer_wrap_report(prepared, target).findings()[0]
+    finding = trainer_wrap_probe(prepared, target).findings()[0]
     assert finding.verdict == "fail"
     assert "nn.DataParallel" in finding.title and "float != c10::BFloat16" in finding.detail
     assert "_n_gpu = 1" in finding.fix
@@ -56,13 +56,13 @@ def test_planted_fp32_norm_before_bf16_head_fails(demo):
 
 def test_one_gpu_passes(demo):
     target = resolve_target(str(demo.qwen_base), gpus=1)
-    report = trainer_wrap_report(prepare_model(target), target)
+    report = trainer_wrap_probe(prepare_model(target), target)
     assert report.findings()[0].verdict == "pass" and report.replica == []
 
 
 def test_seeds_stage2_names_the_releases_that_crash(demo):
     target = resolve_target(str(demo.qwen_stage2), gpus=2, quant="4bit", setup="qlora_trl_legacy")
-    finding = trainer_wrap_report(prepare_model(target), target).findings()[0]
+    finding = trainer_wrap_probe(prepare_model(target), target).findings()[0]
     assert finding.verdict == "warn" and "multiplied by 2" in finding.title
     assert "4.30" in finding.detail and "float != c10::BFloat16" in finding.detail
     assert "5.6" not in finding.detail.split("would wrap it:")[1].split(".")[0]

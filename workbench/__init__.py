@@ -1,81 +1,86 @@
 """Diagnostic workbench for fine-tuning Hugging Face models: loaders, probes, findings, reports.
 
-The curated surface below is what notebooks and the README use.
+The curated surface below is what notebooks, scripts and the README use. It is lazy (PEP 562): `import
+workbench` imports neither torch nor transformers; a name is imported from its module on first use.
+
+    import workbench as wb
+    nb = wb.open_notebook("01_dtype_distribution", checkpoint="path/to/ckpt")
+    target = wb.resolve_target("path/to/ckpt"); prepared = wb.prepare_model(target)
+    wb.loaded_census_probe(prepared, target)
 """
 
-from workbench.census import DtypeCensus, dtype_census, predicted_quantized_census
-from workbench.checkpoint import inspect_checkpoint, static_census
-from workbench.components import ComponentClassifier
-from workbench.demo import build_demo, build_demo_recipes, demo_arguments
-from workbench.distributed_report import DistributedReport, distributed_report
-from workbench.dtype_report import (checkpoint_report, fp32_island_report, loaded_census_report,
-                                    quantized_census_report, with_loaded_row)
-from workbench.errors import UsageError
-from workbench.evaluation import evaluate_recipes
-from workbench.findings import Finding
-from workbench.grad_flow import grad_flow_report
-from workbench.inputs import load_vlm_parts, vlm_inputs
-from workbench.islands import fp32_islands
-from workbench.lineage import adapter_lineage_report
-from workbench.mp_buffers import mixed_precision_buffer_report
-from workbench.panel import Panel, panel
-from workbench.tracer import DtypeTracer
-from workbench.params import load_params
-from workbench.parallel_report import device_map_report, trainer_wrap_report
-from workbench.placement import placement_report
-from workbench.recipes import recipes_for
-from workbench.peft_report import peft_attribute_report, peft_layer_status_report, with_setup_attributes
-from workbench.recorder import Failed, FindingsRecorder
-from workbench.runtime import quiet_and_offline
-from workbench.safetensors_header import read_header
-from workbench.scenarios import forward_scenarios_report
-from workbench.setups import PreparedModel, prepare_model
-from workbench.target import Target, resolve_target
+from __future__ import annotations
 
-__all__ = [
-    "ComponentClassifier",
-    "DistributedReport",
-    "DtypeCensus",
-    "DtypeTracer",
-    "Failed",
-    "Finding",
-    "FindingsRecorder",
-    "Panel",
-    "PreparedModel",
-    "Target",
-    "UsageError",
-    "adapter_lineage_report",
-    "build_demo",
-    "build_demo_recipes",
-    "checkpoint_report",
-    "demo_arguments",
-    "device_map_report",
-    "distributed_report",
-    "dtype_census",
-    "evaluate_recipes",
-    "forward_scenarios_report",
-    "fp32_island_report",
-    "fp32_islands",
-    "grad_flow_report",
-    "inspect_checkpoint",
-    "load_params",
-    "load_vlm_parts",
-    "loaded_census_report",
-    "mixed_precision_buffer_report",
-    "panel",
-    "peft_attribute_report",
-    "peft_layer_status_report",
-    "placement_report",
-    "predicted_quantized_census",
-    "prepare_model",
-    "quantized_census_report",
-    "quiet_and_offline",
-    "read_header",
-    "recipes_for",
-    "resolve_target",
-    "static_census",
-    "trainer_wrap_report",
-    "vlm_inputs",
-    "with_loaded_row",
-    "with_setup_attributes",
-]
+import importlib
+from typing import Any
+
+_SURFACE: dict[str, str] = {
+    # the catalog and the notebook contract
+    "CHECKS": "workbench.catalog",
+    "NOTEBOOKS": "workbench.catalog",
+    "open_notebook": "workbench.notebook",
+    # what is diagnosed, and the model as the set-up prepares it
+    "Target": "workbench.model.target",
+    "resolve_target": "workbench.model.target",
+    "PreparedModel": "workbench.model.setups",
+    "prepare_model": "workbench.model.setups",
+    "ComponentClassifier": "workbench.model.components",
+    "inspect_checkpoint": "workbench.model.checkpoint",
+    "static_census": "workbench.model.checkpoint",
+    "read_header": "workbench.model.safetensors_header",
+    "load_vlm_parts": "workbench.model.inputs",
+    "vlm_inputs": "workbench.model.inputs",
+    "load_params": "workbench.params",
+    # probes, by area
+    "checkpoint_probe": "workbench.probes.dtype.headers",
+    "loaded_census_probe": "workbench.probes.dtype.probes",
+    "quantized_census_probe": "workbench.probes.dtype.probes",
+    "fp32_island_probe": "workbench.probes.dtype.probes",
+    "with_loaded_row": "workbench.probes.dtype.probes",
+    "DtypeCensus": "workbench.probes.dtype.census",
+    "dtype_census": "workbench.probes.dtype.census",
+    "predicted_quantized_census": "workbench.probes.dtype.census",
+    "fp32_islands": "workbench.probes.dtype.islands",
+    "DtypeTracer": "workbench.probes.dtype.tracer",
+    "mixed_precision_buffer_probe": "workbench.probes.dtype.buffers",
+    "trainer_wrap_probe": "workbench.probes.parallel.probes",
+    "device_map_probe": "workbench.probes.parallel.probes",
+    "peft_attribute_probe": "workbench.probes.peft.probes",
+    "peft_layer_status_probe": "workbench.probes.peft.probes",
+    "with_setup_attributes": "workbench.probes.peft.probes",
+    "grad_flow_probe": "workbench.probes.forward.grad_flow",
+    "forward_scenarios_probe": "workbench.probes.forward.scenarios",
+    "recipes_for": "workbench.probes.evaluation.recipes",
+    "evaluate_recipes": "workbench.probes.evaluation.evaluate",
+    "adapter_lineage_probe": "workbench.probes.evaluation.lineage",
+    "placement_probe": "workbench.probes.evaluation.placement",
+    "DistributedResult": "workbench.distributed.probes",
+    "distributed_probe": "workbench.distributed.probes",
+    # findings and running probes
+    "Finding": "workbench.findings",
+    "Failed": "workbench.recorder",
+    "FindingsRecorder": "workbench.recorder",
+    "UsageError": "workbench.errors",
+    "quiet_and_offline": "workbench.runtime",
+    # the demo and interactive use
+    "build_demo": "workbench.demo.build",
+    "build_demo_recipes": "workbench.demo.build",
+    "demo_arguments": "workbench.demo.build",
+    "Panel": "workbench.interactive.panel",
+    "panel": "workbench.interactive.panel",
+}
+
+__all__ = sorted(_SURFACE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _SURFACE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

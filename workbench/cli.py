@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c.add_argument("--trust-remote-code", action="store_true")
 
+    k = sub.add_parser("checks", help="the check catalog: every check, its notebook, question and verdicts")
+    k.add_argument("--json", action="store_true", help="the catalog as JSON (for tools)")
+    k.add_argument("--markdown", action="store_true", help="the catalog as the README's markdown table")
+
     m = sub.add_parser("demo", help="build the bundled demo checkpoints and print their paths")
     m.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
 
@@ -58,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_demo(args) -> int:
-    from workbench.demo import build_demo
+    from workbench.demo.build import build_demo
 
-    from workbench.demo import build_demo_recipes
+    from workbench.demo.build import build_demo_recipes
 
     paths = build_demo(force=args.force)
     for label in ("qwen_base", "qwen_stage1", "qwen_stage2", "llama"):
@@ -71,48 +75,66 @@ def cmd_demo(args) -> int:
 
 
 def cmd_lab(args) -> int:
-    from workbench.lab import serve
+    from workbench.interactive.lab import serve
 
     return serve(port=args.port or None)
 
 
 def cmd_census(args) -> int:
-    from workbench.dtype_report import checkpoint_report
-    from workbench.target import resolve_target
+    from workbench.model.target import resolve_target
+    from workbench.probes.dtype.headers import checkpoint_probe
+    from workbench.report.text import text_table
 
-    target = resolve_target(args.checkpoint, trust_remote_code=args.trust_remote_code)
-    report = checkpoint_report(target)
-    finding = report.findings()[0]
-    frame = report.to_frame()
+    target = resolve_target(args.checkpoint, trust_remote_code=args.trust_remote_code, headers_only=True)
+    result = checkpoint_probe(target)
+    finding = result.findings()[0]
+    rows = [row for census in result.censuses for row in census.rows]
+    read = sum(c.bytes_read for c in result.censuses)
     if args.json:
-        print(json.dumps({"integrity": finding.to_dict(), "census": frame.to_dict(orient="records"),
-                          "header_bytes_read": sum(c.bytes_read for c in report.censuses)}, indent=2))
+        print(json.dumps({"integrity": finding.to_dict(), "census": rows, "header_bytes_read": read}, indent=2))
     else:
         print(f"checkpoint.integrity: {finding.verdict}: {finding.title}")
-        print(frame.to_string(index=False))
-        print(f"header bytes read: {sum(c.bytes_read for c in report.censuses):,} (no weight loaded)")
+        print(text_table(["source", "component", "dtype", "tensors", "elements", "bytes"], rows))
+        print(f"header bytes read: {read:,} (no weight loaded)")
     return 1 if finding.verdict in ("fail", "error") else 0
+
+
+def cmd_checks(args) -> int:
+    from workbench.catalog import CHECKS, NOTEBOOKS, markdown_table
+
+    if args.json:
+        print(json.dumps({"checks": [c.as_dict() for c in CHECKS],
+                          "notebooks": [{"name": n.name, "title": n.title, "checks": list(n.checks),
+                                         "steps": [s.name for s in n.steps]} for n in NOTEBOOKS]}, indent=2))
+    elif args.markdown:
+        print(markdown_table())
+    else:
+        for nb in NOTEBOOKS:
+            print(f"{nb.title}")
+            for c in (c for c in CHECKS if c.notebook == nb.name):
+                print(f"  {c.id}\n      {c.question}")
+                for verdict, meaning in c.verdicts.items():
+                    print(f"      {verdict:5}  {meaning}")
+    return 0
 
 
 def cmd_diagnose(args) -> int:
     from workbench.params import load_params
-    from workbench.runner import diagnose, exit_code
-    from workbench.target import resolve_target
+    from workbench.report.runner import diagnose, exit_code
+    from workbench.model.target import resolve_target
 
-    checkpoint, quant, setup, gpus = args.checkpoint, args.quant, args.setup, args.gpus
-    params = load_params(args.params)
-    if not checkpoint:
-        from workbench.demo import demo_arguments
+    from workbench.notebook import with_demo_fallback
 
-        if args.adapter or args.base:
-            raise UsageError("--adapter/--base need a CKPT; without one the bundled demo is diagnosed")
-        demo = demo_arguments()
-        print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({demo.checkpoint})")
-        checkpoint, quant, setup = demo.checkpoint, quant or demo.quant, setup or demo.setup
-        gpus = gpus if gpus != "1" else str(demo.gpus)
-        params = {**json.loads(demo.params_json), **params}
+    if not args.checkpoint and (args.adapter or args.base):
+        raise UsageError("--adapter/--base need a CKPT; without one the bundled demo is diagnosed")
+    options, demo = with_demo_fallback({"checkpoint": args.checkpoint, "quant": args.quant, "setup": args.setup,
+                                        "gpus": args.gpus, "params_json": json.dumps(load_params(args.params))})
+    if demo:
+        print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({options['checkpoint']})")
+    checkpoint, quant, setup, gpus = options["checkpoint"], options["quant"], options["setup"], options["gpus"]
+    params = json.loads(options["params_json"])
     if args.recipes:
-        from workbench.recipes import read_recipes
+        from workbench.probes.evaluation.recipes import read_recipes
 
         read_recipes(args.recipes)  # unusable file: exit 2 now, not an error deep in a notebook
         params["recipes"] = str(Path(args.recipes).resolve())
@@ -139,12 +161,16 @@ def cmd_diagnose(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     quiet_and_offline()
     args = build_parser().parse_args(argv)
-    handler = {"diagnose": cmd_diagnose, "census": cmd_census, "demo": cmd_demo, "lab": cmd_lab}[args.command]
+    handler = {"diagnose": cmd_diagnose, "census": cmd_census, "checks": cmd_checks, "demo": cmd_demo,
+               "lab": cmd_lab}[args.command]
     try:
         return handler(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # `python -m workbench checks | head`: the reader left; nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("interrupted: no report was completed (a partial one, if any, is a hidden .partial folder)",
               file=sys.stderr)

@@ -75,7 +75,7 @@ class Finding:
         )
 
     def _repr_html_(self) -> str:
-        from workbench.html import findings_table
+        from workbench.report.html import findings_table
 
         return findings_table([self])
 

@@ -1,31 +1,26 @@
-"""Running probes inside a notebook: failures become `error` findings, the notebook goes on.
+"""Running probes: a probe that crashes becomes an `error` finding and the notebook goes on.
 
     rec = FindingsRecorder("findings.01.json", notebook="01_dtype_distribution")
-    census = rec.run(loaded_census_report, prepared, target)   # shown by the cell; findings recorded
+    census = rec.run(loaded_census_probe, prepared, target)   # shown by the cell; findings recorded
 
-A probe declares the check ids it answers (`@probe("dtype.census")`). If it raises, each of its checks gets an
-`error` finding with the traceback and `run` returns a `Failed` that displays the error; a probe handed a
-`Failed` is not called, and its checks get an `error` naming the step it depended on. The sidecar is rewritten
-after every probe, so a kernel that dies still leaves what was found.
+Which checks a probe answers comes from the catalog (`workbench.catalog`). If the probe raises, each of its
+checks gets an `error` finding with the traceback and `run` returns a `Failed` that displays the error and keeps
+the exception; in interactive use it is also left where `%debug` looks (`sys.last_exc` / `sys.last_traceback`).
+A probe handed a `Failed` is not called, and its checks get an `error` naming the step it depended on. The
+sidecar is rewritten after every probe, so a kernel that dies still leaves what was found.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from workbench.catalog import checks_reported_by
 from workbench.findings import Finding, sort_findings, write_json_atomic
-from workbench.text_render import TextRepr
-
-
-def probe(*check_ids: str):
-    """Declare which check ids a probe function answers."""
-    def mark(func):
-        func.checks = check_ids
-        return func
-    return mark
+from workbench.report.text import TextRepr
 
 
 @dataclasses.dataclass
@@ -35,25 +30,34 @@ class Failed:
     step: str
     message: str
     traceback: str = ""
+    exception: BaseException | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return False
 
     def _repr_html_(self) -> str:
-        from workbench.html import esc
+        from workbench.report.html import esc
 
         tb = f"<details><summary>traceback</summary><pre>{esc(self.traceback)}</pre></details>" if self.traceback else ""
+        hint = " · <code>%debug</code> opens the debugger at the failure" if self.exception is not None else ""
         return (f'<div style="border-left:4px solid #7b1fa2;padding:4px 8px;background:#f3e5f5">'
-                f"<b>{esc(self.step)} could not run</b>: {esc(self.message)}{tb}</div>")
+                f"<b>{esc(self.step)} could not run</b>: {esc(self.message)}{hint}{tb}</div>")
 
     def __repr__(self) -> str:
         return f"{self.step} could not run: {self.message}"
 
+    def reraise(self) -> None:
+        """Raise the original exception again (with its traceback), e.g. to step into it."""
+        if self.exception is None:
+            raise RuntimeError(repr(self))
+        raise self.exception
+
 
 class FindingsRecorder(TextRepr):
-    def __init__(self, path: str | Path, notebook: str) -> None:
+    def __init__(self, path: str | Path, notebook: str, *, interactive: bool = False) -> None:
         self.path = Path(path)
         self.notebook = notebook
+        self.interactive = interactive
         self.findings: list[Finding] = []
         self._save()
 
@@ -65,7 +69,7 @@ class FindingsRecorder(TextRepr):
 
     def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         step = getattr(func, "__name__", str(func))
-        checks = getattr(func, "checks", ())
+        checks = checks_reported_by(func)
         failed_inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, Failed)]
         if failed_inputs:
             dep = failed_inputs[0]
@@ -77,7 +81,11 @@ class FindingsRecorder(TextRepr):
             result = func(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a crashing probe is an error finding, not a dead notebook
             self.add(*(Finding.from_exception(c, exc) for c in checks))
-            return Failed(step, f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))[-6000:])
+            if self.interactive:  # where IPython's %debug and %tb look for the last exception
+                sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+                sys.last_exc = exc
+            return Failed(step, f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))[-6000:],
+                          exception=exc)
         findings = result.findings() if hasattr(result, "findings") else []
         self.add(*findings)
         return result
@@ -87,6 +95,6 @@ class FindingsRecorder(TextRepr):
                                       "findings": [f.to_dict() for f in sort_findings(self.findings)]})
 
     def _repr_html_(self) -> str:
-        from workbench.html import esc, findings_table
+        from workbench.report.html import esc, findings_table
 
         return f"<h3>Findings · {esc(self.notebook)}</h3>" + findings_table(self.findings)

@@ -30,13 +30,13 @@ def available_bytes() -> tuple[int, str]:
 
 def estimated_load_bytes(target) -> int:
     """Bytes the loaded weights will take: quantized per the meta prediction, else as stored in the headers."""
-    from workbench.checkpoint import inspect_checkpoint
+    from workbench.model.checkpoint import inspect_checkpoint
 
     folders = [target.model_dir] + ([target.adapter_dir] if target.adapter_dir else [])
     stored = sum(inspect_checkpoint(f).weight_bytes for f in folders)
     if target.quant in ("4bit", "8bit"):
-        from workbench.census import predicted_quantized_census
-        from workbench.loading import auto_config
+        from workbench.probes.dtype.census import predicted_quantized_census
+        from workbench.model.loading import auto_config
 
         census = predicted_quantized_census(auto_config(target.model_dir, trust_remote_code=target.trust_remote_code),
                                             target.quant)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 
@@ -17,10 +18,10 @@ def quiet_and_offline() -> None:
     warnings.filterwarnings("ignore")
     for name in ("transformers", "peft", "accelerate", "bitsandbytes", "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    try:
+    # transformers reads TRANSFORMERS_VERBOSITY and the hub's progress-bar switch when it is imported; only a
+    # transformers imported before this call needs telling (importing it here would cost every CLI start ~1 s)
+    if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:
-        pass

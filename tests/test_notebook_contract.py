@@ -1,0 +1,65 @@
+"""One notebook contract: the target's options round-trip, one call opens a notebook, and the runner refuses
+parameters a notebook does not declare."""
+
+import json
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from workbench.model.target import resolve_target
+from workbench.notebook import NOTEBOOK_PARAMETERS, TARGET_OPTIONS, open_notebook, parameters_cell_mismatch
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"quant": "4bit", "gpus": 2, "setup": "qlora", "dtype": "bf16"},
+    {"device_map": '{"": "cpu"}', "max_memory": "0=20GiB,cpu=64GiB", "params_json": '{"components": {"head": ["x"]}}'},
+    {"device_map": "0", "trust_remote_code": True, "allow_pickle": True},
+])
+def test_options_and_resolve_target_are_inverses(demo, options):
+    target = resolve_target(str(demo.llama), **options)
+    assert set(target.options()) == set(TARGET_OPTIONS)
+    again = resolve_target(**target.options())
+    assert again == target and again.options() == target.options()
+    json.dumps(target.options())  # what the runner hands papermill and torchrun ranks
+
+
+def test_options_round_trip_for_an_adapter_with_an_overridden_base(demo):
+    target = resolve_target(str(demo.qwen_stage2), base=str(demo.qwen_base), quant="8bit")
+    again = resolve_target(**target.options())
+    assert again == target and again.base_source == "--base" and again.recorded_base == str(demo.qwen_stage1)
+
+
+def test_open_notebook_resolves_runs_steps_and_records(demo, tmp_path):
+    nb = open_notebook("01_dtype_distribution", {"checkpoint": str(demo.llama),
+                                                 "findings_path": str(tmp_path / "f.json"), "unrelated": 1})
+    static = nb.run("static")
+    assert nb.results["static"] is static and nb.target.model_dir == demo.llama
+    assert [f.id for f in nb.recorder.findings] == ["checkpoint.integrity"]
+    assert json.loads((tmp_path / "f.json").read_text())["notebook"] == "01_dtype_distribution"
+    with pytest.raises(KeyError, match="run nb.run\\('prepared'\\) first"):
+        nb.run("census")
+
+
+def test_open_notebook_without_a_checkpoint_opens_the_demo_as_make_diagnose_does(demo, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE", str(demo.root.parent))
+    nb = open_notebook("02_dataparallel", findings_path=str(tmp_path / "f.json"))
+    assert nb.target.adapter_dir == demo.qwen_stage2 and nb.target.quant == "4bit" and nb.target.gpus == 2
+    assert nb.target.params["compare"] == [str(demo.qwen_base)]
+
+
+def test_the_runner_refuses_parameters_a_notebook_does_not_declare(tmp_path):
+    nb = new_notebook()
+    cell = new_code_cell("checkpoint = ''\nquant = 'none'")
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell]
+    nb.metadata["kernelspec"] = {"name": "workbench", "display_name": "workbench", "language": "python"}
+    path = tmp_path / "07_custom.ipynb"
+    nbformat.write(nb, path)
+    assert parameters_cell_mismatch(path, {"checkpoint": "x"}) is None
+    assert "lacks ['gpus']" in parameters_cell_mismatch(path, {"checkpoint": "x", "gpus": 2})
+    from workbench.report.runner import run_notebook
+
+    run = run_notebook(path, tmp_path, dict(NOTEBOOK_PARAMETERS), "workbench")
+    assert run.status == "error" and "parameters contract broken" in run.error

@@ -1,0 +1,48 @@
+"""A rank's own batch and one training step, shared by the DDP and FSDP2 trials (`workbench.distributed.ddp`,
+`workbench.distributed.fsdp`) that `workbench.distributed.rank` runs on every rank under torchrun.
+
+Each rank uses its own batch (labels shuffled by rank), so gradients differ until DDP averages them; a failure is
+kept as one line (`short_error`), its traceback beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+def rank_inputs(model, target, rank: int) -> tuple[dict, str]:
+    """The workbench's sample inputs, with labels shuffled by rank: each rank has its own batch."""
+    import torch
+
+    from workbench.model.inputs import sample_inputs
+    from workbench.probes.forward.scenarios import with_labels
+
+    inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
+    inputs = with_labels(model, inputs)
+    if "labels" in inputs:
+        generator = torch.Generator().manual_seed(1000 + rank)
+        order = torch.randperm(inputs["labels"].shape[-1], generator=generator).to(inputs["labels"].device)
+        inputs["labels"] = inputs["labels"][..., order]
+        return inputs, how + f"; labels shuffled with seed {1000 + rank} on this rank"
+    if "input_ids" in inputs:
+        inputs["input_ids"] = torch.roll(inputs["input_ids"], shifts=rank + 1, dims=-1)
+        return inputs, how + f"; token ids rolled by {rank + 1} on this rank"
+    return inputs, how + "; the same batch on every rank"
+
+
+def train_step(module, inputs: dict, autocast_dtype=None) -> float:
+    """Forward (under autocast when a half dtype is given) and backward; the loss, or the logits' mean."""
+    import torch
+
+    from workbench.probes.forward.scenarios import _logits, device_type_of
+
+    half = autocast_dtype in (torch.bfloat16, torch.float16)
+    with torch.autocast(device_type_of(module), dtype=autocast_dtype) if half else contextlib.nullcontext():
+        out = module(**inputs)
+    loss = out.loss if getattr(out, "loss", None) is not None else _logits(out).float().mean()
+    loss.backward()
+    return float(loss.detach().float())
+
+
+def short_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}"

@@ -1,0 +1,234 @@
+"""The interactive panel: diagnose a checkpoint in JupyterLab without writing code.
+
+    import workbench as wb
+    wb.panel()          # prefilled with the bundled demo; type another checkpoint folder to diagnose it
+
+Pick a checkpoint (validated as you type: an adapter shows the base it resolves to and where that came from),
+choose quantization, GPU count and set-up, tick the probe groups, press "Run probes". Probes run one by one with a
+progress bar; their results land in tabs (dtype census, DataParallel, attributes, forward flow, findings) and
+render exactly as in the batch report. Widgets are for interactive use only: batch reports stay static HTML.
+
+The panel runs the same probes through the same `FindingsRecorder` as the notebooks: a probe that crashes shows
+as an error in its tab and the next one runs. `PanelSession` holds that logic without widgets, so it is tested
+without a browser; `Panel` lays widgets over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.catalog import NOTEBOOKS, NotebookSpec
+from workbench.catalog import Step as CatalogStep
+from workbench.errors import UsageError
+from workbench.findings import Finding, worst_verdict
+from workbench.model.target import QUANTS, Target, resolve_target
+from workbench.recorder import FindingsRecorder
+
+# One tick box and one tab per notebook that runs in one process (06 launches torchrun: `make diagnose` runs it).
+# Evaluation loads every recipe (and builds the demo's on first use): offered, not ticked by default.
+GROUPS = tuple(nb.group for nb in NOTEBOOKS if nb.panel and nb.name != "05_evaluation")
+MORE_GROUPS = tuple(nb.group for nb in NOTEBOOKS if nb.panel and nb.group not in GROUPS)
+TABS = (*GROUPS, *MORE_GROUPS, "Findings")
+
+
+@dataclasses.dataclass(frozen=True)
+class PanelStep:
+    """A step of the catalog as the panel shows it: the notebook's group is its tick box and its tab."""
+
+    step: CatalogStep
+    group: str
+
+    @property
+    def label(self) -> str:
+        return self.step.label
+
+    @property
+    def tab(self) -> str:
+        return "" if self.step.name == "prepared" else self.group
+
+
+def panel_steps(groups: set[str]) -> list[PanelStep]:
+    """The catalog's steps of the ticked notebooks, each once, in notebook order; steps that load and free their
+    own copy of the model run before the shared one is prepared (never two copies resident)."""
+    chosen: dict[str, PanelStep] = {}
+    for nb in NOTEBOOKS:
+        if nb.panel and nb.group in groups:
+            for step in nb.steps:
+                chosen.setdefault(step.name, PanelStep(step, nb.group))
+    steps = list(chosen.values())
+    return [s for s in steps if s.step.own_model] + [s for s in steps if not s.step.own_model]
+
+
+def describe_target(target: Target) -> str:
+    """One line for the validation label: what will be diagnosed, and the base an adapter resolved to."""
+    if target.adapter_dir:
+        return (f"adapter {target.adapter_dir.name} on base {target.base} (from {target.base_source}"
+                + (f"; adapter_config.json records {target.recorded_base}" if target.base_source == "--base" else "")
+                + ")")
+    return f"model {target.model_dir}"
+
+
+class PanelSession:
+    """Validate a choice of checkpoint and options, run the chosen probe steps one by one, keep their results."""
+
+    def __init__(self, findings_dir: str | Path | None = None) -> None:
+        self.findings_dir = Path(findings_dir or tempfile.mkdtemp(prefix="workbench-panel-"))
+        self.results: dict[str, list[Any]] = {tab: [] for tab in TABS}
+        self.findings: list[Finding] = []
+        self._done: dict[str, Any] = {}
+
+    @staticmethod
+    def validate(checkpoint: str, *, base: str = "", quant: str = "none", gpus: int = 1,
+                 setup: str = "plain") -> Target:
+        """The resolved target, or UsageError with the one-line reason (shown under the path box)."""
+        return resolve_target(checkpoint.strip(), base=base.strip() or None, quant=quant, gpus=gpus,
+                              setup=setup.strip() or "plain")
+
+    def steps_for(self, groups: set[str]) -> list[PanelStep]:
+        return panel_steps(groups)
+
+    def run(self, target: Target, groups: set[str],
+            on_step: Callable[[int, int, PanelStep, float | None], None] | None = None) -> list[Finding]:
+        """Run the steps of the ticked groups in order; `on_step(i, n, step, seconds)` before (None) and after."""
+        self.free()
+        self.results = {tab: [] for tab in TABS}
+        from workbench.notebook import NOTEBOOK_PARAMETERS, NotebookSession
+
+        rec = FindingsRecorder(self.findings_dir / f"findings.panel.{int(time.time() * 1000)}.json", notebook="panel",
+                               interactive=True)
+        steps = self.steps_for(groups)
+        session = NotebookSession(NotebookSpec("panel", "panel", "panel", tuple(s.step for s in steps)), target, rec,
+                                  {**NOTEBOOK_PARAMETERS, **target.options()})
+        self._done = session.results
+        for i, step in enumerate(steps, 1):
+            if on_step:
+                on_step(i, len(steps), step, None)
+            start = time.perf_counter()
+            result = session.run(step.step.name)
+            if step.tab:
+                self.results[step.tab].append(result)
+            if on_step:
+                on_step(i, len(steps), step, time.perf_counter() - start)
+        self.findings = list(rec.findings)
+        self.results["Findings"] = [rec]
+        return self.findings
+
+    def free(self) -> None:
+        """Drop the previous run's model before loading the next (gc, and the CUDA cache where there is one)."""
+        self._done.clear()
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+
+
+class Panel:
+    """The widget layout over a PanelSession. Display it as the last expression of a cell."""
+
+    def __init__(self, checkpoint: str | None = None, **options: Any) -> None:
+        import ipywidgets as w
+
+        from workbench.model.setups import BUILTIN_SETUPS
+
+        if checkpoint is None:  # prefilled with the demo as `make diagnose` runs it
+            from workbench.notebook import with_demo_fallback
+
+            demo, _ = with_demo_fallback({})
+            checkpoint = demo["checkpoint"]
+            options = {"quant": demo["quant"], "setup": demo["setup"], "gpus": demo["gpus"], **options}
+        self.session = PanelSession()
+        self.target: Target | None = None
+        wide = w.Layout(width="640px")
+        self.path = w.Text(value=checkpoint, description="Checkpoint", placeholder="folder with config.json, "
+                           "or an adapter folder", layout=wide, continuous_update=False)
+        self.base = w.Text(value=options.get("base", ""), description="Base", layout=wide, continuous_update=False,
+                           placeholder="empty: the base recorded in adapter_config.json")
+        self.quant = w.Dropdown(options=list(QUANTS), value=options.get("quant", "none"), description="Quant")
+        self.gpus = w.BoundedIntText(value=int(options.get("gpus", 1)), min=1, max=64, description="GPUs")
+        self.setup = w.Combobox(value=options.get("setup", "plain"), options=list(BUILTIN_SETUPS),
+                                description="Set-up", placeholder="plain | qlora | … | module:function")
+        self.status = w.HTML()
+        self.groups = {g: w.Checkbox(value=g in GROUPS, description=g, indent=False, layout=w.Layout(width="150px"))
+                       for g in (*GROUPS, *MORE_GROUPS)}
+        self.button = w.Button(description="Run probes", button_style="primary", icon="play")
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="", layout=w.Layout(width="300px"))
+        self.step_label = w.HTML()
+        self.outputs = {tab: w.Output() for tab in TABS}
+        self.tabs = w.Tab(children=[self.outputs[t] for t in TABS])
+        for i, tab in enumerate(TABS):
+            self.tabs.set_title(i, tab)
+        for widget in (self.path, self.base, self.quant, self.gpus, self.setup):
+            widget.observe(lambda _change: self.validate(), names="value")
+        self.button.on_click(lambda _button: self.run())
+        self.widget = w.VBox([
+            w.HTML("<b>Workbench</b> · diagnose a checkpoint: pick it, choose the options, run the probes"),
+            self.path, self.base, w.HBox([self.quant, self.gpus, self.setup]), self.status,
+            w.HBox(list(self.groups.values())), w.HBox([self.button, self.progress, self.step_label]), self.tabs,
+        ])
+        self.widget.add_class("workbench-panel")
+        self.validate()
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def validate(self) -> Target | None:
+        from workbench.report.html import esc
+
+        try:
+            self.target = self.session.validate(self.path.value, base=self.base.value, quant=self.quant.value,
+                                                gpus=self.gpus.value, setup=self.setup.value)
+        except UsageError as exc:
+            self.target = None
+            self.status.value = f'<span style="color:#c62828">✗ {esc(str(exc))}</span>'
+        else:
+            self.status.value = f'<span style="color:#2e7d32">✓ {esc(describe_target(self.target))}</span>'
+        self.button.disabled = self.target is None
+        return self.target
+
+    def run(self) -> list[Finding]:
+        from workbench.report.html import esc
+
+        if self.validate() is None:
+            return []
+        for out in self.outputs.values():
+            out.clear_output()
+        self.button.disabled = True
+        groups = {g for g, box in self.groups.items() if box.value}
+
+        def on_step(i: int, n: int, step: PanelStep, seconds: float | None) -> None:
+            self.progress.max = n
+            if seconds is None:
+                self.step_label.value = f"{i}/{n} · {esc(step.label)} …"
+                return
+            self.progress.value = i
+            self.step_label.value = f"{i}/{n} · {esc(step.label)} ({seconds:.1f} s)"
+            if step.tab:
+                self.outputs[step.tab].append_display_data(self.session.results[step.tab][-1])
+
+        try:
+            findings = self.session.run(self.target, groups, on_step)
+            self.outputs["Findings"].append_display_data(self.session.results["Findings"][0])
+            worst = worst_verdict(f.verdict for f in findings)
+            self.step_label.value += (f" · done: {len(findings)} findings"
+                                      + (f", worst {worst.upper()}" if worst else ""))
+            self.tabs.selected_index = TABS.index("Findings")
+        finally:
+            self.button.disabled = False
+        return findings
+
+
+def panel(checkpoint: str | None = None, **options: Any) -> Panel:
+    """The interactive workbench; `checkpoint=None` prefills the bundled demo (built on first use)."""
+    return Panel(checkpoint, **options)

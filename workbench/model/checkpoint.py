@@ -1,0 +1,219 @@
+"""What a checkpoint folder holds, whether it is whole, and its dtype census read from headers alone.
+
+`inspect_checkpoint` reads only safetensors headers (bytes counted in `bytes_read`): files present, shards
+listed in the index and present, headers that parse, data regions that match the header. `static_census`
+then splits the header tensors into components using a meta-device skeleton of the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.findings import Finding
+from workbench.model.safetensors_header import FLOATING_DTYPES, HeaderError, SafetensorsHeader, read_header
+from workbench.report.text import TextRepr
+
+INDEX_NAMES = ("model.safetensors.index.json", "adapter_model.safetensors.index.json")
+SINGLE_NAMES = ("model.safetensors", "adapter_model.safetensors")
+PICKLE_GLOBS = ("pytorch_model*.bin", "adapter_model.bin", "*.pt", "*.pth", "*.ckpt")
+
+
+@dataclasses.dataclass
+class CheckpointInspection:
+    folder: Path
+    kind: str  # "model" | "adapter" | "unknown"
+    config: dict[str, Any] | None
+    adapter_config: dict[str, Any] | None
+    headers: list[SafetensorsHeader]
+    pickle_files: list[str]
+    problems: list[str]  # make the checkpoint unusable or wrong: fail
+    warnings: list[str]  # odd but loadable: warn
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(h.bytes_read for h in self.headers)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(h.data_size for h in self.headers)
+
+    @property
+    def tensor_count(self) -> int:
+        return sum(len(h.tensors) for h in self.headers)
+
+    def finding(self) -> Finding:
+        files = [h.path.name for h in self.headers] + self.pickle_files
+        evidence = {"folder": str(self.folder), "kind": self.kind, "files": files, "tensors": self.tensor_count,
+                    "weight_bytes": self.weight_bytes, "header_bytes_read": self.bytes_read,
+                    "problems": self.problems, "warnings": self.warnings}
+        if self.problems:
+            return Finding("checkpoint.integrity", "fail", f"Checkpoint is damaged: {self.problems[0]}",
+                           "; ".join(self.problems[:10]), evidence,
+                           "Re-download or re-save the checkpoint (save_pretrained); do not train or evaluate on it "
+                           "until this check passes.")
+        if self.warnings:
+            return Finding("checkpoint.integrity", "warn", f"Checkpoint loads, with oddities: {self.warnings[0]}",
+                           "; ".join(self.warnings[:10]), evidence,
+                           "Remove stray or duplicate weight files so that every loader reads the same tensors.")
+        return Finding("checkpoint.integrity", "pass", "Checkpoint files are complete and consistent",
+                       f"{len(files)} weight file(s), {self.tensor_count} tensors, {self.weight_bytes:,} bytes of "
+                       f"weights; headers read: {self.bytes_read:,} bytes.", evidence)
+
+
+def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        problems.append(f"{path.name} is not valid JSON ({exc})")
+        return None
+    if not isinstance(data, dict):
+        problems.append(f"{path.name} is not a JSON object")
+        return None
+    return data
+
+
+def inspect_checkpoint(folder: str | Path) -> CheckpointInspection:
+    folder = Path(folder)
+    problems: list[str] = []
+    warnings: list[str] = []
+    config = _read_json(folder / "config.json", problems)
+    adapter_config = _read_json(folder / "adapter_config.json", problems)
+    kind = "adapter" if adapter_config is not None else "model" if config is not None else "unknown"
+
+    files: list[Path] = []
+    index_path = next((folder / n for n in INDEX_NAMES if (folder / n).exists()), None)
+    listed: dict[str, str] = {}
+    if index_path is not None:
+        index = _read_json(index_path, problems) or {}
+        listed = index.get("weight_map") or {}
+        if not isinstance(listed, dict) or not listed:
+            problems.append(f"{index_path.name} has no weight_map")
+            listed = {}
+        for shard in sorted(set(listed.values())):
+            if (folder / shard).exists():
+                files.append(folder / shard)
+            else:
+                missing = sum(1 for s in listed.values() if s == shard)
+                problems.append(f"shard {shard} is listed in {index_path.name} ({missing} tensors) but missing")
+        strays = {p.name for p in folder.glob("*.safetensors")} - set(listed.values())
+        if strays:
+            warnings.append(f"safetensors files not in the index (ignored by from_pretrained): {sorted(strays)}")
+    else:
+        files = [folder / n for n in SINGLE_NAMES if (folder / n).exists()]
+        others = sorted(p for p in folder.glob("*.safetensors") if p not in files)
+        if not files and others:
+            files = others
+            warnings.append(f"safetensors files without an index under non-standard names: {[p.name for p in others]}")
+
+    pickle_files = sorted({p.name for g in PICKLE_GLOBS for p in folder.glob(g)})
+    if pickle_files and files:
+        warnings.append(f"both safetensors and pickle weights present ({pickle_files}); transformers reads the "
+                        "safetensors ones")
+
+    headers: list[SafetensorsHeader] = []
+    for path in files:
+        try:
+            header = read_header(path)
+        except HeaderError as exc:
+            problems.append(str(exc).replace(str(folder) + "/", ""))
+            continue
+        headers.append(header)
+        problems.extend(f"{path.name}: {p}" for p in header.problems)
+
+    if listed:
+        present = {t.name: h.path.name for h in headers for t in h.tensors}
+        for name, shard in listed.items():
+            if shard in {h.path.name for h in headers} and present.get(name) != shard:
+                problems.append(f"{name} is mapped to {shard} by the index but that shard does not hold it")
+                break
+    if not files and not pickle_files:
+        problems.append("no weight files (model.safetensors, its shards, adapter_model.safetensors or *.bin)")
+    return CheckpointInspection(folder, kind, config, adapter_config, headers, pickle_files, problems, warnings)
+
+
+@dataclasses.dataclass(repr=False)
+class StaticCensus(TextRepr):
+    """Per component and dtype: tensor count, elements, bytes, straight from the headers."""
+
+    rows: list[dict[str, Any]]
+    bytes_read: int
+    unmapped: list[str]  # checkpoint keys that matched no module of the model skeleton
+    key_mapping: str  # how checkpoint keys were mapped to module paths
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=["source", "component", "dtype", "tensors", "elements", "bytes"])
+
+    def _repr_html_(self) -> str:
+        from workbench.report.html import frame_html
+
+        note = (f"<p>Read {self.bytes_read:,} header bytes; no weight was loaded. Keys mapped via "
+                f"{self.key_mapping}.</p>")
+        return note + frame_html(self.to_frame())
+
+    def dtypes_by_component(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        for r in self.rows:
+            out[r["component"]][r["dtype"]] = out[r["component"]].get(r["dtype"], 0) + r["tensors"]
+        return dict(out)
+
+
+def checkpoint_key_mapper(skeleton) -> tuple[Callable[[str], str], str]:
+    """Map checkpoint keys to the model's module paths with transformers' own conversion mapping.
+
+    transformers 5 saves Qwen2-VL in the legacy layout (`model.layers.*`, `visual.*`) and renames on load
+    (`model.language_model.layers.*`, `model.visual.*`); asking it keeps the split right across releases.
+    """
+    model_keys = dict.fromkeys(skeleton.state_dict().keys())
+    try:
+        import transformers
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        transforms = get_model_conversion_mapping(skeleton)
+        renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+        converters = [t for t in transforms if isinstance(t, WeightConverter)]
+        how = f"transformers {transformers.__version__} conversion mapping ({len(transforms)} rules)"
+    except Exception:  # noqa: BLE001 - an older/newer transformers without this API: identity mapping
+        return (lambda key: key), "identity (this transformers release exposes no conversion mapping)"
+
+    def map_key(key: str) -> str:
+        renamed, _ = rename_source_key(key, renamings, converters, skeleton.base_model_prefix, model_keys)
+        if renamed not in model_keys and key in model_keys:
+            return key
+        return renamed
+
+    return map_key, how
+
+
+def static_census(inspection: CheckpointInspection, classify: Callable[[str], str] | None = None,
+                  map_key: Callable[[str], str] | None = None, key_mapping: str = "identity",
+                  source: str | None = None) -> StaticCensus:
+    map_key = map_key or (lambda k: k)
+    totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    unmapped: list[str] = []
+    for header in inspection.headers:
+        for t in header.tensors:
+            name = map_key(t.name)
+            component = classify(name) if classify else "other"
+            if classify and component == "other" and name == t.name:
+                unmapped.append(t.name)
+            row = totals[(component, t.dtype)]
+            row[0] += 1
+            row[1] += t.numel
+            row[2] += t.nbytes
+    src = source or inspection.kind
+    rows = [{"source": src, "component": c, "dtype": d, "tensors": n, "elements": e, "bytes": b}
+            for (c, d), (n, e, b) in sorted(totals.items())]
+    return StaticCensus(rows, inspection.bytes_read, unmapped[:50], key_mapping)
+
+
+def floating(dtype: str) -> bool:
+    return dtype in FLOATING_DTYPES

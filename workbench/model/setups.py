@@ -1,0 +1,183 @@
+"""Set-ups: how the model is prepared before the probes look at it.
+
+A set-up is a callable `fn(checkpoint=PATH, **options) -> model | (model, processor)` that prepares the model
+exactly as a training script does. Built-ins cover the common cases; `--setup my_pkg.train:load_model` runs the
+user's own `load_model_for_recipe()`. Options passed: adapter, quant, dtype, device_map, max_memory,
+trust_remote_code, allow_pickle (a user set-up may ignore them, hence **options).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from workbench.errors import UsageError
+from workbench.model.loading import load_pretrained, load_processor, parse_dtype
+from workbench.report.text import TextRepr
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def add_fresh_lora(model):
+    """A fresh LoRA on the attention/MLP projections (the seeds' r1 targets), or on every linear layer for
+    architectures that name them otherwise (GPT-2's c_attn, ...)."""
+    from peft import LoraConfig, get_peft_model
+
+    try:
+        return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS,
+                                                task_type="CAUSAL_LM"))
+    except ValueError:  # "Target modules ... not found in the base model"
+        return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                                task_type="CAUSAL_LM"))
+
+
+def _load(checkpoint, quant="none", dtype=None, device_map=None, max_memory=None, trust_remote_code=False,
+          allow_pickle=False, **_):
+    return load_pretrained(checkpoint, quant=quant, dtype=parse_dtype(dtype), device_map=device_map,
+                           max_memory=max_memory, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+
+
+def plain(checkpoint: str, adapter: str | None = None, **options: Any):
+    """from_pretrained (quantized if asked), the adapter loaded for inference on top: an evaluation set-up."""
+    model = _load(checkpoint, **options)
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
+    return model
+
+
+def qlora(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **options: Any):
+    """The seeds' stage-2 recipe: 4-bit load, peft's prepare_model_for_kbit_training, LoRA on the language layers
+    (the given adapter, trainable, or a fresh one on q/k/v/o/gate/up/down)."""
+    from peft import PeftModel, prepare_model_for_kbit_training
+
+    model = _load(checkpoint, quant="4bit" if quant == "none" else quant, **options)
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+    if adapter:
+        return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    return add_fresh_lora(model)
+
+
+def legacy_trl_bf16_casting(model):
+    """What older trl SFTTrainer releases did to a 4-bit PEFT model with bf16=True, via
+    `trl.trainer.utils.peft_module_casting_to_bf16` (the seeds' 2024 runs): adapter layers to bf16, every module
+    named *norm* (or a LayerNorm) to fp32, lm_head / embed_tokens / wte / wpe from fp32 to bf16. trl 1.16 no
+    longer does this (it casts only trainable adapter weights to bf16). Encoded here to reproduce such runs."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, BaseTunerLayer):
+            module.to(torch.bfloat16)
+        elif isinstance(module, torch.nn.LayerNorm) or "norm" in name:
+            module.to(torch.float32)
+        elif any(x in name for x in ["lm_head", "embed_tokens", "wte", "wpe"]):
+            if hasattr(module, "weight") and module.weight.dtype == torch.float32:
+                module.to(torch.bfloat16)
+    return model
+
+
+def qlora_trl_legacy(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **options: Any):
+    """The seeds' stage 2 as their 2024 SFTTrainer prepared it: `qlora`, then older trl's bf16 casting
+    (fp32 norms, bf16 lm_head) — the configuration whose DataParallel replicas raise float != BFloat16."""
+    return legacy_trl_bf16_casting(qlora(checkpoint, adapter=adapter, quant=quant, **options))
+
+
+def sft(checkpoint: str, adapter: str | None = None, quant: str = "none", **options: Any):
+    """What trl's SFTTrainer hands its training loop: a real SFTTrainer is constructed on a one-row dataset and
+    its `.model` returned, so trl's own PEFT / k-bit / gradient-checkpointing preparation is what runs."""
+    import tempfile
+
+    from datasets import Dataset
+    from peft import LoraConfig, PeftModel
+    from trl import SFTConfig, SFTTrainer
+
+    model = _load(checkpoint, quant=quant, **options)
+    processing = load_processor(checkpoint)
+    tokenizer = getattr(processing, "tokenizer", processing)
+    if tokenizer is None:
+        raise UsageError(f"the sft set-up needs a tokenizer saved in {checkpoint}")
+    peft_config = None
+    if adapter:
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    else:
+        peft_config = LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
+    with tempfile.TemporaryDirectory(prefix="workbench-sft-") as out:
+        args = SFTConfig(output_dir=out, report_to=[], bf16=bf16, use_cpu=not torch.cuda.is_available(),
+                         gradient_checkpointing=True, max_length=32, per_device_train_batch_size=1,
+                         dataset_text_field="text")
+        trainer = SFTTrainer(model=model, args=args, processing_class=tokenizer, peft_config=peft_config,
+                             train_dataset=Dataset.from_dict({"text": ["hello world"]}))
+        return trainer.model
+
+
+BUILTIN_SETUPS: dict[str, Callable[..., Any]] = {"plain": plain, "qlora": qlora, "qlora_trl_legacy": qlora_trl_legacy,
+                                                 "sft": sft}
+
+
+def resolve_setup(spec: str | None) -> Callable[..., Any]:
+    """'plain' | 'qlora' | 'sft' | 'package.module:function' (the cwd is importable, like `python -m`)."""
+    spec = spec or "plain"
+    if spec in BUILTIN_SETUPS:
+        return BUILTIN_SETUPS[spec]
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise UsageError(f"--setup {spec!r}: use one of {', '.join(BUILTIN_SETUPS)} or module:function")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - ImportError or an error raised while importing the user's module
+        raise UsageError(f"--setup {spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc}); "
+                         "check the module is on PYTHONPATH or in the current folder") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise UsageError(f"--setup {spec!r}: {module_name} has no callable {func_name!r}")
+    return func
+
+
+@dataclasses.dataclass(repr=False)
+class PreparedModel(TextRepr):
+    """The model the probes look at, as the set-up returned it, plus its processor (or tokenizer)."""
+
+    model: Any
+    processor: Any
+    setup: str
+    description: str
+
+    def _repr_html_(self) -> str:
+        from workbench.report.html import esc
+
+        return f"<p>Set-up <code>{esc(self.setup)}</code>: {esc(self.description)}</p>"
+
+
+def prepare_model(target) -> PreparedModel:
+    """Run the target's set-up and return what it prepared."""
+    from workbench.resources import check_fits
+
+    func = resolve_setup(target.setup)
+    if not target.device_map:  # an explicit device map may offload what does not fit
+        check_fits(target)
+    options = dict(adapter=str(target.adapter_dir) if target.adapter_dir else None, quant=target.quant,
+                   dtype=target.dtype, device_map=target.device_map, max_memory=target.max_memory,
+                   trust_remote_code=target.trust_remote_code, allow_pickle=target.allow_pickle)
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(func).parameters.values())
+    if not accepts_any:
+        allowed = set(inspect.signature(func).parameters)
+        options = {k: v for k, v in options.items() if k in allowed}
+    returned = func(checkpoint=str(target.model_dir), **options)
+    model, processor = (returned if isinstance(returned, tuple) else (returned, None))
+    if processor is None:
+        processor = load_processor(target.model_dir)
+    n_params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    description = (f"{type(model).__name__} with {n_params:,} parameter elements ({trainable:,} trainable), "
+                   f"quantization {target.quant}, processor {type(processor).__name__ if processor else 'none'}")
+    return PreparedModel(model, processor, target.setup, description)

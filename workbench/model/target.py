@@ -1,0 +1,212 @@
+"""What is being diagnosed: a checkpoint folder, or an adapter and the base it was trained on.
+
+A CKPT holding adapter_config.json is an adapter; its base is `base_model_name_or_path` there unless --base
+overrides it. Hub ids are looked up in the local Hugging Face cache only: the workbench never downloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import UsageError
+from workbench.report.text import TextRepr
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+QUANTS = ("none", "4bit", "8bit")
+MAX_GPUS_PER_PROCESS = 64
+
+
+@dataclasses.dataclass(repr=False)
+class Target(TextRepr):
+    checkpoint: str  # as the user gave it
+    model_dir: Path  # folder with config.json: the checkpoint, or the adapter's base
+    adapter_dir: Path | None = None
+    base: str | None = None  # the base as recorded or overridden (a string: it may be a path or a hub id)
+    base_source: str | None = None  # "adapter_config.json" | "--base"
+    recorded_base: str | None = None  # what adapter_config.json says, even when --base overrides it
+    quant: str = "none"
+    gpus: int = 1
+    setup: str = "plain"
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    device_map: Any = None
+    max_memory: dict | None = None
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    adapter_arg: str | None = None  # --adapter and --base as given, for re-resolving in a notebook kernel
+    base_arg: str | None = None
+
+    @property
+    def name(self) -> str:
+        """A short, filesystem-safe name for the report folder."""
+        leaf = (self.adapter_dir or self.model_dir).name or "checkpoint"
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", leaf)[:60]
+
+    def as_contract(self) -> dict[str, Any]:
+        """The `target` object of findings.json."""
+        return {"checkpoint": self.checkpoint, "model_dir": str(self.model_dir),
+                "adapter": str(self.adapter_dir) if self.adapter_dir else None, "base": self.base,
+                "base_source": self.base_source, "quant": self.quant, "gpus": self.gpus, "setup": self.setup}
+
+    def options(self) -> dict[str, Any]:
+        """The options that resolve to this target again (`resolve_target(**target.options())`), as the notebook
+        contract passes them: JSON-safe, local paths absolute (a kernel may run in another folder)."""
+        def absolute(ref: str | None) -> str:
+            return str(Path(ref).resolve()) if ref and Path(ref).exists() else (ref or "")
+
+        return {
+            "checkpoint": absolute(self.checkpoint), "adapter": absolute(self.adapter_arg),
+            "base": absolute(self.base_arg), "quant": self.quant, "gpus": self.gpus, "setup": self.setup,
+            "device_map": json.dumps(self.device_map) if isinstance(self.device_map, dict) else
+            str(self.device_map if self.device_map is not None else ""),
+            "max_memory": ",".join(f"{k}={v}" for k, v in (self.max_memory or {}).items()),
+            "dtype": self.dtype, "params_json": json.dumps(self.params),
+            "trust_remote_code": self.trust_remote_code, "allow_pickle": self.allow_pickle,
+        }
+
+    def _repr_html_(self) -> str:
+        from workbench.report.html import esc
+
+        rows = "".join(f"<tr><th style='text-align:left'>{esc(k)}</th><td><code>{esc(str(v))}</code></td></tr>"
+                       for k, v in self.as_contract().items() if v not in (None, ""))
+        return f"<table class='wb-table'>{rows}</table>"
+
+
+def resolve_local(ref: str, *, what: str, relative_to: Path | None = None) -> Path:
+    """A local folder for `ref`: a path, a path relative to `relative_to`, or a hub id already in the HF cache."""
+    path = Path(ref).expanduser()
+    candidates = [path] + ([relative_to / ref] if relative_to is not None and not path.is_absolute() else [])
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate.resolve()
+        if candidate.exists():
+            raise UsageError(f"{what} {ref} is a file; pass the folder that holds config.json and the weights")
+    if HUB_ID.match(ref):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(ref, local_files_only=True))
+        except Exception:  # noqa: BLE001 - any miss in the cache means: not available offline
+            raise UsageError(
+                f"{what} {ref!r} is not a local folder; it looks like a Hugging Face hub id, and the workbench "
+                f"never downloads (it runs offline). Download it where you have network "
+                f"(`hf download {ref} --local-dir DIR`) and pass DIR") from None
+    raise UsageError(f"{what} {ref} does not exist; check the path")
+
+
+def parse_max_memory(spec: str | dict | None) -> dict | None:
+    """accelerate's format: '0=20GiB,1=20GiB,cpu=64GiB' -> {0: '20GiB', 1: '20GiB', 'cpu': '64GiB'}."""
+    if not spec:
+        return None
+    if isinstance(spec, dict):
+        return spec
+    out: dict[Any, str] = {}
+    for part in str(spec).split(","):
+        key, sep, value = part.strip().partition("=")
+        if not sep or not value or not re.fullmatch(r"\d+(\.\d+)?\s*([KMGT]i?B|B)?", value.strip(), re.I):
+            raise UsageError(f"--max-memory {spec!r}: expected DEVICE=SIZE pairs like 0=20GiB,1=20GiB,cpu=64GiB")
+        key = key.strip()
+        out[int(key) if key.isdigit() else key] = value.strip()
+    return out
+
+
+def parse_device_map(spec: str | dict | None) -> Any:
+    if spec in (None, ""):
+        return None
+    if isinstance(spec, dict):
+        return spec
+    if spec in ("auto", "balanced", "balanced_low_0", "sequential", "cpu") or spec.isdigit():
+        return int(spec) if spec.isdigit() else spec
+    try:
+        return json.loads(spec)
+    except json.JSONDecodeError:
+        raise UsageError(f"--device-map {spec!r}: use auto, balanced, sequential, cpu, a GPU index, "
+                         "or a JSON object") from None
+
+
+def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | None = None, quant: str = "none",
+                   gpus: int | str = 1, setup: str | None = None, params: dict | None = None,
+                   device_map: Any = None, max_memory: Any = None, dtype: str = "auto",
+                   trust_remote_code: bool = False, params_json: str | None = None,
+                   allow_pickle: bool = False, headers_only: bool = False) -> Target:
+    """Resolve the user's arguments into a Target; every unusable input raises UsageError (exit 2).
+
+    `headers_only`: the caller reads files and headers alone (the census); the set-up and the architecture are not
+    checked, so neither torch nor transformers is imported."""
+    from workbench.model.checkpoint import inspect_checkpoint
+
+    if params_json:
+        params = json.loads(params_json)
+    if not checkpoint:
+        raise UsageError("no checkpoint given; pass a checkpoint folder (or run `make diagnose` for the demo)")
+    if quant not in QUANTS:
+        raise UsageError(f"--quant {quant!r}: use one of {', '.join(QUANTS)}")
+    try:
+        gpus = int(gpus)
+    except (TypeError, ValueError):
+        raise UsageError(f"--gpus {gpus!r}: expected a whole number of GPUs, 1 or more") from None
+    if gpus < 1:
+        raise UsageError(f"--gpus {gpus}: the training process must see at least 1 GPU to diagnose; use 1 or more")
+    if gpus > MAX_GPUS_PER_PROCESS:
+        raise UsageError(f"--gpus {gpus}: one training process sees the GPUs of one node (at most "
+                         f"{MAX_GPUS_PER_PROCESS}); for more, diagnose one node and launch with torchrun")
+    folder = resolve_local(checkpoint, what="checkpoint")
+    adapter_dir = None
+    recorded = None
+    base_source = None
+    if (folder / "adapter_config.json").exists():
+        if adapter:
+            raise UsageError(f"{checkpoint} is itself an adapter (it holds adapter_config.json); drop --adapter")
+        adapter_dir = folder
+    elif adapter:
+        adapter_dir = resolve_local(adapter, what="adapter")
+        if not (adapter_dir / "adapter_config.json").exists():
+            raise UsageError(f"adapter {adapter} holds no adapter_config.json; pass a PEFT adapter folder")
+    if adapter_dir is not None:
+        try:
+            adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{adapter_dir}/adapter_config.json is not valid JSON ({exc})") from None
+        recorded = adapter_config.get("base_model_name_or_path")
+    if adapter_dir is not None and adapter_dir == folder:
+        if base:
+            base_ref, base_source = base, "--base"
+        elif recorded:
+            base_ref, base_source = recorded, "adapter_config.json"
+        else:
+            raise UsageError(f"{adapter_dir}/adapter_config.json names no base_model_name_or_path; pass --base")
+        model_dir = resolve_local(base_ref, what=f"the adapter's base ({base_source})", relative_to=adapter_dir)
+    else:
+        if base:
+            raise UsageError("--base applies to an adapter; CKPT is a full checkpoint (no adapter_config.json)")
+        model_dir, base_ref = folder, (str(folder) if adapter_dir else None)
+        base_source = "CKPT" if adapter_dir else None
+    if not (model_dir / "config.json").exists():
+        raise UsageError(f"{model_dir} holds neither config.json nor adapter_config.json: not a Hugging Face "
+                         "checkpoint folder")
+    inspection = inspect_checkpoint(model_dir)
+    if not inspection.headers and not inspection.pickle_files:
+        raise UsageError(f"{model_dir} holds config.json but no weights (model.safetensors or its shards); "
+                         "copy the weight files in, or point at the folder that has them")
+    if not inspection.headers and not allow_pickle:
+        raise UsageError(f"{model_dir} holds only pickle weights ({', '.join(inspection.pickle_files)}); the "
+                         "workbench does not unpickle checkpoints unless asked: convert them to safetensors, or pass "
+                         "--allow-pickle (transformers then loads them with torch.load(weights_only=True))")
+    if not headers_only:
+        from workbench.model.setups import resolve_setup
+
+        resolve_setup(setup)  # a --setup that does not import fails here, before any notebook starts
+        if not setup or setup == "plain":
+            from workbench.model.loading import auto_config
+
+            auto_config(model_dir, trust_remote_code=trust_remote_code)  # unknown architectures fail here, clearly
+    return Target(checkpoint=checkpoint, model_dir=model_dir, adapter_dir=adapter_dir, base=base_ref,
+                  base_source=base_source, recorded_base=recorded, quant=quant, gpus=gpus, setup=setup or "plain",
+                  params=params or {}, device_map=parse_device_map(device_map),
+                  max_memory=parse_max_memory(max_memory), dtype=dtype or "auto",
+                  trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, adapter_arg=adapter or None,
+                  base_arg=base or None)

@@ -1,0 +1,117 @@
+"""The notebook contract: the parameters every report notebook takes, and the one call that opens a notebook.
+
+    nb = wb.open_notebook("01_dtype_distribution", parameters=globals())   # options -> target, recorder
+    static = nb.run("static")                                            # a step of the catalog, by name
+
+`NOTEBOOK_PARAMETERS` is exactly the parameters cell of every report notebook (a test compares them with
+papermill's `inspect_notebook`), the runner passes nothing else (it checks before executing), and the target's
+part of them round-trips: `resolve_target(**target.options()) == target`. With no checkpoint, the bundled demo
+is diagnosed as `make diagnose` diagnoses it: `with_demo_fallback` is that rule, used by the CLI, the notebooks
+and the panel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from workbench.catalog import NotebookSpec, notebook
+from workbench.report.text import TextRepr
+
+TARGET_OPTIONS: dict[str, Any] = {
+    "checkpoint": "", "adapter": "", "base": "", "quant": "none", "gpus": 1, "setup": "plain", "device_map": "",
+    "max_memory": "", "dtype": "auto", "params_json": "{}", "trust_remote_code": False, "allow_pickle": False,
+}
+NOTEBOOK_PARAMETERS: dict[str, Any] = {**TARGET_OPTIONS, "distributed": 0, "findings_path": ""}
+
+
+def with_demo_fallback(options: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Options with the demo filled in when no checkpoint is given: (options, whether the demo was used).
+
+    The demo's quant, set-up and GPU count apply where the options keep the contract's defaults; its parameters
+    go under the user's."""
+    options = dict(options)
+    if options.get("checkpoint"):
+        return options, False
+    from workbench.demo.build import demo_arguments
+
+    demo = demo_arguments()
+    options["checkpoint"] = demo.checkpoint
+    for key in ("quant", "setup", "gpus"):
+        if str(options.get(key)) in ("None", "", str(TARGET_OPTIONS[key])):  # "1" from the CLI is the default 1
+            options[key] = getattr(demo, key)
+    options["params_json"] = json.dumps({**json.loads(demo.params_json),
+                                         **json.loads(options.get("params_json") or "{}")})
+    return options, True
+
+
+class NotebookSession(TextRepr):
+    """One notebook's target, recorder and step results. `run(name)` runs a step of the catalog's sequence."""
+
+    def __init__(self, spec: NotebookSpec, target, recorder, options: Mapping[str, Any]) -> None:
+        self.spec = spec
+        self.target = target
+        self.recorder = recorder
+        self.options = dict(options)
+        self.results: dict[str, Any] = {}
+
+    def run(self, name: str) -> Any:
+        step = self.spec.step(name)
+        args = [self._value(a) for a in step.args]
+        kwargs = {k: self._value(v) for k, v in step.kwargs.items()}
+        result = self.recorder.run(step.function(), *args, **kwargs)
+        self.results[name] = result
+        return result
+
+    def _value(self, ref: str) -> Any:
+        from workbench.recorder import Failed
+
+        if ref == "target":
+            return self.target
+        if ref.startswith("params."):
+            return self.target.params.get(ref.removeprefix("params."))
+        if ref.startswith("option."):
+            return self.options[ref.removeprefix("option.")]
+        name = ref.rstrip("?")
+        if name not in self.results:
+            raise KeyError(f"step {name!r} has not run in this notebook; run nb.run({name!r}) first")
+        value = self.results[name]
+        return None if ref.endswith("?") and isinstance(value, Failed) else value
+
+    def _repr_html_(self) -> str:
+        return self.target._repr_html_()
+
+
+def open_notebook(name: str, parameters: Mapping[str, Any] | None = None, **options: Any) -> NotebookSession:
+    """Options (the notebook's namespace, or keywords) -> the target, a findings recorder and the step runner.
+
+    Only the contract's names are read from `parameters`; unknown keywords are an error."""
+    import workbench.runtime as runtime
+    from workbench.errors import UsageError
+    from workbench.model.target import resolve_target
+    from workbench.recorder import FindingsRecorder
+
+    unknown = set(options) - set(NOTEBOOK_PARAMETERS)
+    if unknown:
+        raise UsageError(f"open_notebook: unknown options {sorted(unknown)}; the contract: {list(NOTEBOOK_PARAMETERS)}")
+    runtime.quiet_and_offline()
+    spec = notebook(name)
+    values = {k: (parameters or {}).get(k, default) for k, default in NOTEBOOK_PARAMETERS.items()}
+    values.update(options)
+    values, _ = with_demo_fallback(values)
+    recorder = FindingsRecorder(values["findings_path"] or f"findings.{name}.json", notebook=name,
+                                interactive=not os.environ.get("WORKBENCH_BATCH"))
+    target = resolve_target(**{k: values[k] for k in TARGET_OPTIONS})
+    return NotebookSession(spec, target, recorder, values)
+
+
+def parameters_cell_mismatch(path: str | Path, passed: Mapping[str, Any]) -> str | None:
+    """Why papermill would run `path` with parameters its cell does not declare, or None when they match."""
+    import papermill
+
+    declared = set(papermill.inspect_notebook(str(path)))
+    extra = sorted(set(passed) - declared)
+    return (f"{Path(path).name}: its parameters cell lacks {extra} (the contract: {list(NOTEBOOK_PARAMETERS)})"
+            if extra else None)

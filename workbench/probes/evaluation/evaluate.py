@@ -1,0 +1,400 @@
+"""Notebook 05: evaluate recipes side by side without being fooled (`eval.metrics`, `eval.memory`, and per recipe
+`adapter.base_model` and `placement.offload`).
+
+Each recipe is loaded alone: memory is freed before it (gc, and on CUDA `empty_cache` + `synchronize`), its adapter
+is matched to the base it was trained on (lineage), its placement is read before the adapter goes on, then it
+generates an answer per sample (greedy), parsed and scored by the metric registry (`workbench.probes.evaluation.metrics`), and
+teacher-forced loss / token accuracy are measured on the reference answers. Peak memory per recipe (CUDA max
+allocated on a GPU, resident set on the CPU) and what was not returned after freeing are recorded. A recipe that
+cannot be loaded is an error row with its reason; the others still evaluate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from workbench.errors import UsageError
+from workbench.findings import Finding, verdict_rank
+from workbench.probes.evaluation.lineage import LineageResult, adapter_lineage
+from workbench.probes.evaluation.placement import PlacementResult, placement_of
+from workbench.probes.evaluation.recipes import Recipe, RecipeList
+from workbench.report.text import TextRepr
+
+GROWTH_FLOOR = 64 * 1024**2  # memory not returned after a recipe is flagged above this (and half its model)
+RANKING = ("mean_iou", "exact_match", "token_accuracy")  # the first metric with values ranks the recipes
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def free_memory() -> None:
+    """What the seeds' fix did before each recipe: collect garbage and give cached CUDA memory back."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def in_use_bytes() -> int:
+    """Memory held now: CUDA allocated on every GPU of the machine, else the resident set."""
+    if torch.cuda.is_available():
+        return sum(torch.cuda.memory_allocated(i) for i in range(torch.cuda.device_count()))
+    return rss_bytes()
+
+
+def cuda_peak_bytes() -> int:
+    """Sum of each GPU's peak since the last reset (an upper bound of the simultaneous peak across GPUs)."""
+    return sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
+
+
+@dataclasses.dataclass
+class RecipeOutcome:
+    name: str
+    kind: str
+    path: str
+    base: str | None = None
+    records: list = dataclasses.field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    lineage: LineageResult | None = None
+    placement: PlacementResult | None = None
+    memory: dict[str, int | float] = dataclasses.field(default_factory=dict)
+    error: str | None = None
+
+
+def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcome: RecipeOutcome):
+    """(model, tokenizer, image_processor) for one recipe, filling the outcome's lineage and placement as they
+    become known; raises UsageError with the reason."""
+    from workbench.model.loading import load_pretrained, parse_dtype
+    from workbench.model.target import resolve_local
+
+    folder = recipe.folder()
+    kind = recipe.resolved_kind()
+    outcome.kind, outcome.path = kind, str(folder)
+    load = dict(quant=options.get("quant", "none"), dtype=parse_dtype(options.get("dtype")),
+                device_map=options.get("device_map"), max_memory=options.get("max_memory"),
+                trust_remote_code=options.get("trust_remote_code", False))
+    if kind != "adapter":
+        outcome.base = str(folder)
+        model = load_pretrained(folder, **load)
+        outcome.placement = placement_of(model, recipe.name)
+        return (model, *_processing(folder, None))
+    recorded = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    base_ref, source = (recipe.base, "the recipe's base:") if recipe.base else (recorded, "adapter_config.json")
+    if not base_ref:
+        raise UsageError(f"{folder}/adapter_config.json records no base_model_name_or_path; give the recipe a base:")
+    try:
+        base_dir = resolve_local(base_ref, what=f"recipe {recipe.name}: base ({source})", relative_to=folder)
+    except UsageError as exc:
+        outcome.lineage = adapter_lineage(folder, None, source, Path(reference) if reference else None,
+                                          loaded_error=str(exc),
+                                          trust_remote_code=options.get("trust_remote_code", False))
+        raise
+    outcome.base = str(base_dir)
+    outcome.lineage = adapter_lineage(folder, base_dir, source, Path(reference) if reference else None,
+                                      trust_remote_code=options.get("trust_remote_code", False))
+    model = load_pretrained(base_dir, **load)
+    outcome.placement = placement_of(model, recipe.name)  # before the adapter: where the base landed
+    from peft import PeftModel
+
+    try:
+        adapted = PeftModel.from_pretrained(model, str(folder))
+    except Exception as exc:  # noqa: BLE001 - e.g. peft cannot map an adapter onto a disk-offloaded base
+        del model
+        raise UsageError(f"PEFT could not load the adapter onto {base_dir.name}: {type(exc).__name__}: {exc}") \
+            from None
+    return (adapted, *_processing(base_dir, folder))
+
+
+def _processing(base_dir: Path, adapter_dir: Path | None):
+    from workbench.model.inputs import load_vlm_parts
+
+    if adapter_dir is not None and (adapter_dir / "tokenizer_config.json").exists():
+        tokenizer, _ = load_vlm_parts(adapter_dir)
+        _, image_processor = load_vlm_parts(base_dir)
+        return tokenizer, image_processor
+    return load_vlm_parts(base_dir)
+
+
+def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: dict[str, Any],
+                    max_new_tokens: int, progress: Callable[[int, int, Any], Any] | None = None) -> RecipeOutcome:
+    """Load, evaluate and free one recipe; every failure ends up in the outcome, never raised."""
+    from workbench.probes.evaluation.metrics import evaluate_samples, summarize
+
+    free_memory()
+    before = in_use_bytes()
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
+    start = time.perf_counter()
+    peak = [before]
+    model = None
+    outcome = RecipeOutcome(recipe.name, recipe.kind, recipe.path)
+    try:
+        model, tokenizer, image_processor = _load(recipe, reference, options, outcome)
+        peak.append(in_use_bytes())
+        outcome.memory["model_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+        if rows and (tokenizer is None or image_processor is None):
+            outcome.error = f"{outcome.base} ships no tokenizer and image processor to build inputs with"
+        elif rows:
+            def sample_done(done, total, record):
+                peak.append(in_use_bytes())
+                if progress:
+                    progress(done, total, record)
+            outcome.records = evaluate_samples(model, tokenizer, image_processor, rows, max_new_tokens, sample_done)
+            outcome.summary = summarize(outcome.records)
+    except UsageError as exc:
+        outcome.error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a recipe that crashes is that recipe's error row
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        del model
+    peak_bytes = cuda_peak_bytes() if torch.cuda.is_available() else max(peak)
+    free_memory()
+    outcome.memory.update({"before": before, "peak": peak_bytes, "after_free": in_use_bytes(),
+                           "seconds": round(time.perf_counter() - start, 2)})
+    return outcome
+
+
+@dataclasses.dataclass(repr=False)
+class EvaluationResult(TextRepr):
+    outcomes: list[RecipeOutcome]
+    reference_name: str | None
+    dataset: str | None
+    dataset_rows: int
+    unreadable_rows: list[str]
+    source: str
+    memory_kind: str  # "CUDA allocated" | "RSS"
+
+    # --- the table and the ranking --------------------------------------------------------------------------
+    def table(self) -> list[dict[str, Any]]:
+        from workbench.probes.evaluation.metrics import TABLE_COLUMNS
+
+        rows = []
+        for o in self.outcomes:
+            row: dict[str, Any] = {"Model": o.name + (" (base)" if o.name == self.reference_name else "")}
+            s = o.summary or {}
+            row.update({label: s.get(name) for name, label in TABLE_COLUMNS.items()})
+            row.update({"Exact": s.get("exact_match"), "Loss": s.get("loss"), "Tok acc": s.get("token_accuracy"),
+                        "n": s.get("scored"), "failed": (s.get("errors", {}).get("exception", 0)
+                                                          + s.get("errors", {}).get("parse", 0)) if s else None,
+                        "error": o.error or ""})
+            rows.append(row)
+        return rows
+
+    def ranking_metric(self) -> str | None:
+        for name in RANKING:
+            if any((o.summary or {}).get(name) is not None for o in self.outcomes):
+                return name
+        return None
+
+    def best(self) -> tuple[RecipeOutcome | None, RecipeOutcome | None, str | None]:
+        """(best recipe, the reference outcome, the metric ranked by)."""
+        metric = self.ranking_metric()
+        reference = next((o for o in self.outcomes if o.name == self.reference_name), None)
+        scored = [o for o in self.outcomes if o is not reference and (o.summary or {}).get(metric) is not None]
+        best = max(scored, key=lambda o: o.summary[metric]) if scored else None
+        return best, reference, metric
+
+    # --- findings ---------------------------------------------------------------------------------------------
+    def findings(self) -> list[Finding]:
+        return [self._metrics_finding(), self._memory_finding(), *self._per_recipe("adapter.base_model"),
+                *self._per_recipe("placement.offload")]
+
+    def _metrics_finding(self) -> Finding:
+        evidence = {"dataset": self.dataset, "rows": self.dataset_rows, "unreadable_rows": self.unreadable_rows[:20],
+                    "recipes_file": self.source, "table": self.table(),
+                    "failures": {o.name: [r.to_dict() for r in o.records if r.error][:10] for o in self.outcomes}}
+        if not self.dataset:
+            return Finding("eval.metrics", "skip", "No evaluation dataset",
+                           "Recipes were loaded and checked (lineage, placement, memory) but not scored.", evidence,
+                           "Set eval_dataset in --params (a folder with data.jsonl and images), or dataset: in the "
+                           "recipes file.")
+        broken = [o for o in self.outcomes if o.error]
+        if len(broken) == len(self.outcomes):
+            return Finding("eval.metrics", "error", "No recipe could be evaluated",
+                           "; ".join(f"{o.name}: {o.error}" for o in broken[:5]), evidence,
+                           "Fix the recipe paths / bases named above.")
+        best, reference, metric = self.best()
+        all_failed = [o for o in self.outcomes if o.summary and o.summary["scored"] and
+                      o.summary["errors"]["exception"] == o.summary["scored"]]
+        headline = "no recipe produced a score"
+        if best is not None:
+            value = best.summary[metric]
+            headline = f"best: {best.name}, {metric} {value:.4f}"
+            if reference is not None and (reference.summary or {}).get(metric) is not None:
+                base = reference.summary[metric]
+                gain = value - base
+                headline += f", {gain:+.4f} over the base" + (f" ({gain / base:+.1%})" if base else "")
+                evidence["gain_over_base"] = {"metric": metric, "best": value, "base": base, "absolute": gain}
+            evidence["best"] = best.name
+        if not any((o.summary or {}).get("scored") for o in self.outcomes):
+            return Finding("eval.metrics", "error", "Nothing was scored: the dataset has no usable row",
+                           f"{self.dataset_rows} row(s) in {self.dataset}; unreadable: "
+                           + ("; ".join(self.unreadable_rows[:5]) or "none"), evidence,
+                           "Fix the dataset (data.jsonl lines with image, question, answer, box) or point "
+                           "eval_dataset at the right folder.")
+        problems = [f"{o.name}: {o.error}" for o in broken] + [
+            f"{o.name}: every sample raised ({o.records[0].error if o.records else ''})" for o in all_failed]
+        if problems:
+            return Finding("eval.metrics", "warn", f"{len(problems)} recipe(s) not evaluated properly; {headline}",
+                           "; ".join(problems[:6]), evidence,
+                           "A 0 % row is a loading problem before it is a model problem: see adapter.base_model and "
+                           "placement.offload for that recipe.")
+        return Finding("eval.metrics", "pass", headline[0].upper() + headline[1:],
+                       f"{len(self.outcomes)} model(s) on {self.dataset_rows} sample(s) of {self.dataset}.", evidence)
+
+    def _memory_finding(self) -> Finding:
+        rows = [{"recipe": o.name, **o.memory} for o in self.outcomes]
+        evidence = {"measured": self.memory_kind, "per_recipe": rows}
+        # the first loaded recipe's leftover includes one-time costs (imports, allocator pools): growth counts from
+        # there (on CUDA there are none: from before it)
+        loaded = [o for o in self.outcomes if "model_bytes" in o.memory]
+        first = (loaded[0].memory.get("before" if self.memory_kind.startswith("CUDA") else "after_free", 0)
+                 if loaded else 0)
+        grown = []
+        for o in loaded[0 if self.memory_kind.startswith("CUDA") else 1:]:
+            kept = o.memory.get("after_free", 0) - first
+            if kept > max(GROWTH_FLOOR, 0.5 * o.memory.get("model_bytes", 0)):
+                grown.append(f"{o.name} (+{kept / 2**20:.0f} MiB still held after freeing)")
+        if grown:
+            return Finding("eval.memory", "warn", "Memory grows from one recipe to the next",
+                           ", ".join(grown) + f" ({self.memory_kind}). The next recipe loads with less room: "
+                           "device_map='auto' then offloads silently.", evidence,
+                           "Drop every reference to the previous model (outputs and trainers too) before loading "
+                           "the next; gc.collect(); torch.cuda.empty_cache(); torch.cuda.synchronize().")
+        peak = max((o.memory.get("peak", 0) for o in self.outcomes), default=0)
+        return Finding("eval.memory", "pass", "Each recipe loaded alone and freed",
+                       f"Peak {peak / 2**20:.0f} MiB ({self.memory_kind}); nothing held over between recipes.",
+                       evidence)
+
+    def _per_recipe(self, check: str) -> list[Finding]:
+        """One finding per check across the recipes: the worst recipe's, naming every recipe's verdict."""
+        per = []
+        for o in self.outcomes:
+            source = o.lineage if check == "adapter.base_model" else o.placement
+            if source is not None:
+                per.extend((o.name, f) for f in source.findings() if f.id == check)
+        if check == "adapter.base_model":
+            per = [(n, f) for n, f in per if f.verdict != "skip"]
+        if not per:
+            what = "no recipe is an adapter" if check == "adapter.base_model" else "no recipe could be loaded"
+            return [Finding(check, "skip", f"Nothing to check: {what}", "", {})]
+        per.sort(key=lambda item: verdict_rank(item[1].verdict))
+        name, worst = per[0]
+        summary = "; ".join(f"{n}: {f.verdict}" for n, f in per)
+        return [Finding(check, worst.verdict, f"{name}: {worst.title}", f"{worst.detail} — all recipes: {summary}",
+                        {"recipes": {n: f.evidence for n, f in per}}, worst.fix)]
+
+    # --- display ------------------------------------------------------------------------------------------------
+    def chart_html(self) -> str:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from workbench.report.html import figure_html
+        from workbench.probes.evaluation.metrics import TABLE_COLUMNS
+
+        rows = [r for r in self.table() if r["Mean IoU"] is not None]
+        if not rows:
+            return ""
+        labels = list(TABLE_COLUMNS.values())
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        width = 0.8 / len(labels)
+        for k, label in enumerate(labels):
+            ax.bar([i + k * width for i in range(len(rows))], [r[label] or 0 for r in rows], width, label=label)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], [r["Model"] for r in rows], fontsize=8)
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=8, ncols=4, loc="upper left")
+        ax.set_title("Recipes on the evaluation set")
+        fig.tight_layout()
+        return figure_html(fig)
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from workbench.report.html import esc, findings_table, frame_html
+
+        frame = pd.DataFrame(self.table())
+        best, reference, metric = self.best()
+        best_line = ""
+        if best is not None:
+            best_line = f"<p><b>Best recipe: {esc(best.name)}</b> ({esc(metric)} {best.summary[metric]:.4f}"
+            if reference is not None and (reference.summary or {}).get(metric):
+                base = reference.summary[metric]
+                best_line += f", {(best.summary[metric] - base) / base:+.1%} over the base"
+            best_line += ")</p>"
+        failures = [(o.name, r) for o in self.outcomes for r in o.records if r.error][:30]
+        failure_rows = "".join(f"<tr><td>{esc(n)}</td><td>{r.index}</td><td>{esc(r.error_kind or '')}</td>"
+                               f"<td>{esc((r.error or '')[:200])}</td><td><code>{esc((r.prediction or '')[:80])}"
+                               "</code></td></tr>" for n, r in failures)
+        failure_table = ("<details><summary>Per-sample failures (" + str(len(failures)) + ")</summary>"
+                         "<table class='wb-table'><tr><th>recipe</th><th>sample</th><th>kind</th><th>error</th>"
+                         f"<th>answer</th></tr>{failure_rows}</table></details>") if failures else ""
+        memory = pd.DataFrame([{"recipe": o.name, **{k: (f"{v / 2**20:.1f} MiB" if k != "seconds" else v)
+                                                      for k, v in o.memory.items()}} for o in self.outcomes])
+        lineage = "".join(f"<h4>{esc(o.name)}</h4>{o.lineage._repr_html_()}" for o in self.outcomes
+                          if o.lineage is not None)
+        placement = "".join(f"<h4>{esc(o.name)}</h4>{o.placement._repr_html_()}" for o in self.outcomes
+                            if o.placement is not None and o.placement.device_map)
+        return (findings_table(self.findings()) + best_line + frame_html(frame) + self.chart_html() + failure_table
+                + f"<h3>Memory per recipe ({esc(self.memory_kind)})</h3>" + frame_html(memory)
+                + ("<h3>Adapter lineage</h3>" + lineage if lineage else "")
+                + ("<h3>Placement</h3>" + placement if placement else ""))
+
+
+def _progress_bar(total: int, name: str):
+    """A tqdm bar in JupyterLab; in batch runs (WORKBENCH_BATCH=1, set by the report runner) one line per recipe."""
+    if os.environ.get("WORKBENCH_BATCH"):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=name, leave=True)
+
+
+def evaluate_recipes(recipes: RecipeList, target) -> EvaluationResult:
+    """Every recipe of the list, plus the reference base, one at a time with the target's load options."""
+    from workbench.demo.grounding import read_dataset
+
+    rows, unreadable = [], []
+    if recipes.dataset:
+        rows = read_dataset(recipes.dataset)
+        unreadable = [f"line {r.line}: {r.error}" for r in rows if r.error]
+        if recipes.max_samples:
+            rows = rows[: recipes.max_samples]
+    listed = list(recipes.recipes)
+    reference_name = None
+    if recipes.reference:
+        reference_name = Path(recipes.reference).name
+        listed.insert(0, Recipe(reference_name, recipes.reference, "full"))
+    options = dict(quant=target.quant, dtype=target.dtype, device_map=target.device_map,
+                   max_memory=target.max_memory, trust_remote_code=target.trust_remote_code)
+    outcomes = []
+    for recipe in listed:
+        bar = _progress_bar(len(rows), recipe.name)
+        outcome = evaluate_recipe(recipe, rows, recipes.reference, options, recipes.max_new_tokens,
+                                  (lambda done, total, record, bar=bar: bar.update(1)) if bar else None)
+        if bar:
+            bar.close()
+        else:
+            score = (outcome.summary or {}).get("mean_iou")
+            print(f"{recipe.name}: {len(outcome.records)} sample(s) in {outcome.memory.get('seconds', 0)} s"
+                  + (f", mean IoU {score:.3f}" if score is not None else "")
+                  + (f" — error: {outcome.error}" if outcome.error else ""), flush=True)
+        outcomes.append(outcome)
+    return EvaluationResult(outcomes, reference_name, recipes.dataset, len(rows), unreadable, recipes.source,
+                            "CUDA allocated" if torch.cuda.is_available() else "RSS")

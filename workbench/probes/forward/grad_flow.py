@@ -1,0 +1,192 @@
+"""`grad.flow`: one training step, and which trainable tensors got no gradient — with the cause named.
+
+Normal cases are not flagged: on the first step of a fresh LoRA, `lora_B` is all zeros, so every `lora_A`
+gradient is exactly zero (dL/dA = B^T ...). Names are normalized across wrappers (`module.` from DDP,
+`base_model.model.` from PEFT) so they read the same as in the user's code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.model.components import ComponentClassifier, unwrap_model
+from workbench.findings import Finding
+from workbench.report.text import TextRepr
+
+WRAPPER_PREFIXES = re.compile(r"^(module\.)*(base_model\.model\.)?")
+
+
+def normalize_name(name: str) -> str:
+    return WRAPPER_PREFIXES.sub("", name)
+
+
+def _checkpointing_state(model: nn.Module) -> dict[str, Any]:
+    """Gradient checkpointing as transformers set it: on/off, use_reentrant, and whether the input-grad hook is on."""
+    inner, _ = unwrap_model(model)
+    func = next((m._gradient_checkpointing_func for m in inner.modules()
+                 if getattr(m, "gradient_checkpointing", False) and hasattr(m, "_gradient_checkpointing_func")), None)
+    reentrant = getattr(func, "keywords", {}).get("use_reentrant") if func is not None else None
+    hooked = False
+    try:
+        embeddings = inner.get_input_embeddings()
+        # transformers names it make_inputs_require_grads, PEFT make_inputs_require_grad
+        hooked = any(getattr(h, "__name__", "").startswith("make_inputs_require_grad")
+                     for h in embeddings._forward_hooks.values())
+    except (AttributeError, NotImplementedError):
+        pass
+    return {"enabled": func is not None, "use_reentrant": reentrant, "input_grad_hook": hooked}
+
+
+@dataclasses.dataclass
+class GradRow:
+    name: str
+    component: str
+    role: str  # lora_A | lora_B | other
+    status: str  # ok | zero | none
+    norm: float | None
+    expected: str | None = None  # why this is normal
+
+    def as_row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(repr=False)
+class GradFlowResult(TextRepr):
+    rows: list[GradRow]
+    loss: float | None
+    error: str | None
+    checkpointing: dict[str, Any]
+    has_pixels: bool
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([r.as_row() for r in self.rows])
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        out: dict[str, Counter] = {}
+        for r in self.rows:
+            out.setdefault(f"{r.component}/{r.role}", Counter())[r.status] += 1
+        return {k: dict(v) for k, v in out.items()}
+
+    def _cause(self, missing: list[GradRow]) -> tuple[str, str]:
+        cp = self.checkpointing
+        if cp["enabled"] and cp["use_reentrant"] is not False and not cp["input_grad_hook"]:
+            return ("reentrant gradient checkpointing without enable_input_require_grads(): the checkpointed blocks "
+                    "receive inputs that do not require grad, so nothing inside them gets a gradient",
+                    "model.enable_input_require_grads() before training, or gradient_checkpointing_kwargs="
+                    "{'use_reentrant': False}")
+        if missing and all(r.component == "vision" for r in missing) and not self.has_pixels:
+            return ("the vision tower is off the forward path: this batch has no image",
+                    "Train on batches with images, or do not put LoRA on the vision tower.")
+        return ("these tensors are off the forward path, or custom code detaches them (.detach(), torch.no_grad)",
+                "Check that the modules run in forward and that no custom code detaches their activations.")
+
+    def findings(self) -> list[Finding]:
+        evidence: dict[str, Any] = {"loss": self.loss, "checkpointing": self.checkpointing,
+                                    "per_component": self.summary(),
+                                    "missing": [r.as_row() for r in self.rows if r.status != "ok" and not r.expected][:40],
+                                    "expected_zero": sum(1 for r in self.rows if r.expected)}
+        if self.error:
+            cause, fix = self._cause([])
+            known = "does not require grad" in self.error
+            return [Finding("grad.flow", "fail" if known else "error",
+                            "The training step cannot backpropagate" if known else "The training step failed",
+                            f"{self.error}" + (f" — cause: {cause}." if known else ""), evidence,
+                            fix if known else "Read the exception; fix the model or the inputs.")]
+        trainable = len(self.rows)
+        if not trainable:
+            return [Finding("grad.flow", "skip", "No trainable tensor", "Nothing is trainable in this set-up.",
+                            evidence, "Use a LoRA set-up (qlora, sft) or unfreeze what you mean to train.")]
+        missing = [r for r in self.rows if r.status != "ok" and not r.expected]
+        if missing:
+            cause, fix = self._cause(missing)
+            first = missing[0]
+            return [Finding("grad.flow", "fail",
+                            f"{len(missing)} of {trainable} trainable tensors get no gradient, e.g. {first.name}",
+                            "Gradients None or zero by component: "
+                            + ", ".join(f"{k}: {v}" for k, v in self.summary().items()) + f". Cause: {cause}.",
+                            evidence, fix)]
+        expected = sum(1 for r in self.rows if r.expected)
+        return [Finding("grad.flow", "pass", f"All {trainable} trainable tensors receive a gradient",
+                        f"loss {self.loss:.4f}" + (f"; {expected} lora_A gradients are exactly zero because their "
+                                                   "lora_B is still zero (normal on a fresh LoRA's first step)"
+                                                   if expected else ""), evidence)]
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from workbench.report.html import findings_table, frame_html
+
+        summary = pd.DataFrame([{"component/role": k, **v} for k, v in self.summary().items()]).fillna(0)
+        bad = self.to_frame()
+        bad = bad[bad["status"] != "ok"] if not bad.empty else bad
+        return findings_table(self.findings()) + frame_html(summary) + (
+            "<details><summary>tensors without a gradient</summary>" + frame_html(bad.head(200)) + "</details>"
+            if not bad.empty else "")
+
+
+def _role(name: str) -> str:
+    return "lora_A" if ".lora_A." in name else "lora_B" if ".lora_B." in name else "other"
+
+
+def _lora_b_is_zero(model: nn.Module, a_name: str) -> bool:
+    b_name = a_name.replace(".lora_A.", ".lora_B.")
+    params = dict(model.named_parameters())
+    return b_name in params and not bool(params[b_name].detach().abs().sum())
+
+
+def grad_flow_probe(prepared, target) -> GradFlowResult:
+    from workbench.model.inputs import sample_inputs
+    from workbench.probes.dtype.islands import compute_dtype_of
+    from workbench.probes.forward.scenarios import device_type_of, with_labels
+
+    model = prepared.model
+    inputs, _how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
+    inputs = with_labels(model, inputs)
+    classifier = ComponentClassifier.from_model(model)
+    was_training = model.training
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss_value, error = None, None
+    # read each gradient as it is accumulated, then drop it: a full fine-tune would otherwise hold a second
+    # model-sized buffer of gradients just so that we can look at them
+    seen: dict[str, tuple[str, float]] = {}
+    handles = []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            def record(param, name=name):
+                norm = float(param.grad.detach().float().norm())
+                seen[name] = ("ok" if norm > 0 else "zero", norm)
+                param.grad = None
+            handles.append(p.register_post_accumulate_grad_hook(record))
+    try:
+        with torch.autocast(device_type_of(model), dtype=compute_dtype_of(model)):
+            out = model(**inputs)
+        loss = out.loss if getattr(out, "loss", None) is not None else out.logits.float().mean()
+        loss_value = float(loss.detach().float())
+        loss.backward()
+    except Exception as exc:  # noqa: BLE001 - e.g. "element 0 of tensors does not require grad"
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    rows = []
+    if error is None:
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            status, norm = seen.get(name, ("none", None))
+            role = _role(name)
+            expected = ("lora_B is all zeros on the first step" if status == "zero" and role == "lora_A"
+                        and _lora_b_is_zero(model, name) else None)
+            rows.append(GradRow(normalize_name(name), classifier.component_of(name), role, status, norm, expected))
+    model.zero_grad(set_to_none=True)
+    return GradFlowResult(rows, loss_value, error, _checkpointing_state(model), "pixel_values" in inputs)

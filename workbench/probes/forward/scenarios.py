@@ -1,0 +1,276 @@
+"""Notebook 04's forward matrix (`forward.scenarios`) and the traced break (`forward.dtype_flow`).
+
+Cells: eval / train mode x (no autocast | autocast in the main thread | a replica thread started under autocast)
+x (the prepared model | its base with adapters disabled, when PEFT is involved). Each cell records pass/fail, the
+exception, output dtype and shape, NaN/inf. The first failing cell is re-run under the dtype tracer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import threading
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.findings import Finding
+from workbench.probes.dtype.tracer import DtypeTracer
+from workbench.report.text import TextRepr
+
+CONTEXTS = ("no autocast", "autocast", "replica thread under autocast")
+DTYPE_ERROR = re.compile(r"dtype|BFloat16|Half|Float|Double", re.I)
+
+
+@dataclasses.dataclass
+class Cell:
+    variant: str
+    mode: str
+    context: str
+    ok: bool
+    error: str | None = None
+    dtype: str | None = None
+    shape: tuple | None = None
+    nonfinite: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.variant} / {self.mode} / {self.context}"
+
+    def as_row(self) -> dict[str, Any]:
+        return {"variant": self.variant, "mode": self.mode, "context": self.context,
+                "result": "pass" if self.ok and not self.nonfinite else "fail",
+                "output": f"{self.dtype} {list(self.shape)}" if self.dtype else "",
+                "NaN/inf": self.nonfinite, "error": self.error or ""}
+
+
+def device_type_of(model: nn.Module) -> str:
+    return next((p.device.type for p in model.parameters() if p.device.type != "meta"), "cpu")
+
+
+def _logits(out: Any) -> torch.Tensor:
+    return getattr(out, "logits", None) if getattr(out, "logits", None) is not None else out[0]
+
+
+def _run(model: nn.Module, inputs: dict, context: str, compute_dtype: torch.dtype, grad: bool = False):
+    """Run one forward in a context; returns (output, exception)."""
+    device_type = device_type_of(model)
+    box: dict[str, Any] = {}
+
+    def forward() -> None:
+        try:
+            with (contextlib.nullcontext() if grad else torch.no_grad()):
+                box["out"] = model(**inputs)
+        except Exception as exc:  # noqa: BLE001 - the failure is the result
+            box["exc"] = exc
+
+    if context == "no autocast":
+        forward()
+    else:
+        with torch.autocast(device_type, dtype=compute_dtype):
+            if context == "autocast":
+                forward()
+            else:
+                worker = threading.Thread(target=forward, name="replica-0")
+                worker.start()
+                worker.join()
+    return box.get("out"), box.get("exc")
+
+
+def _variants(model: nn.Module):
+    yield "as prepared", contextlib.nullcontext()
+    if hasattr(model, "disable_adapter") and hasattr(model, "peft_config"):
+        yield "base (adapters disabled)", model.disable_adapter()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return f"out of memory: {str(exc)[:200]}"
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> list[Cell]:
+    cells: list[Cell] = []
+    was_training = model.training
+    try:
+        for variant, ctx in _variants(model):
+            with ctx:
+                for mode in ("eval", "train"):
+                    model.train(mode == "train")
+                    for context in CONTEXTS:
+                        out, exc = _run(model, inputs, context, compute_dtype)
+                        if exc is not None:
+                            cells.append(Cell(variant, mode, context, False, _describe(exc)))
+                            if isinstance(exc, torch.OutOfMemoryError):
+                                _free()
+                            continue
+                        logits = _logits(out)
+                        cells.append(Cell(variant, mode, context, True, None, str(logits.dtype).removeprefix("torch."),
+                                          tuple(logits.shape), not bool(torch.isfinite(logits.float()).all())))
+    finally:
+        model.train(was_training)
+    return cells
+
+
+def _free() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def fix_for(diagnosis: dict[str, Any] | None) -> str:
+    if not diagnosis:
+        return "Run the forward under autocast with the compute dtype (TrainingArguments(bf16=True)), one process per GPU."
+    producer, module = diagnosis.get("producer") or "", diagnosis["module"]
+    if "norm" in producer.lower():
+        return (f"Keep `{producer}` and `{module}` in the same dtype (cast the norm to the compute dtype, or the head "
+                "to fp32), or run every forward under autocast — which DataParallel replicas and a Trainer that "
+                "wrapped the model do not get: train with one process per GPU (torchrun) or _n_gpu=1.")
+    return (f"Cast `{producer or module}` (its parameters and buffers) to {diagnosis['module_weight']}, or run the "
+            "forward under autocast in every thread (no DataParallel).")
+
+
+@dataclasses.dataclass(repr=False)
+class ForwardResult(TextRepr):
+    cells: list[Cell]
+    inputs_how: str
+    compute_dtype: str
+    traced_cell: str | None
+    diagnosis: dict[str, Any] | None
+    flow: list[dict[str, Any]]
+    failing_module: str | None = None  # innermost module that raised in the traced cell
+    layers_ran: bool = True  # did any module holding a weight finish in the traced cell?
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([c.as_row() for c in self.cells])
+
+    def inputs_unusable(self) -> bool:
+        """Every cell fails the same way inside the top-level forward with a TypeError/ValueError: the model wants
+        inputs we did not build, rather than computing wrongly."""
+        errors = {c.error for c in self.cells}
+        return (bool(self.cells) and all(not c.ok for c in self.cells) and len(errors) == 1
+                and next(iter(errors)).startswith(("TypeError", "ValueError")) and not self.layers_ran)
+
+    def findings(self) -> list[Finding]:
+        failed = [c for c in self.cells if not c.ok or c.nonfinite]
+        if self.inputs_unusable():
+            why = (f"Every forward fails before any layer runs: {self.cells[0].error}. The inputs the workbench "
+                   f"built ({self.inputs_how}) do not fit this model.")
+            fix = ("Save one batch as safetensors (safetensors.torch.save_file(batch, 'inputs.safetensors')) and pass "
+                   "it with `forward_inputs: inputs.safetensors` in a --params file.")
+            return [Finding(i, "skip", "The forward needs inputs the workbench cannot build", why,
+                            {"inputs": self.inputs_how}, fix) for i in ("forward.scenarios", "forward.dtype_flow")]
+        out_of_memory = [c for c in failed if (c.error or "").startswith("out of memory")]
+        if out_of_memory:
+            return [Finding(i, "error", "The forward ran out of memory", out_of_memory[0].error or "",
+                            {"cells": [c.as_row() for c in out_of_memory]},
+                            "Memory was freed; diagnose with a smaller input, 4-bit, or more GPU memory.")
+                    for i in ("forward.scenarios", "forward.dtype_flow")]
+        evidence = {"inputs": self.inputs_how, "compute_dtype": self.compute_dtype,
+                    "cells": [c.as_row() for c in self.cells]}
+        fix = fix_for(self.diagnosis)
+        if failed:
+            by_error: dict[str, list[str]] = {}
+            for c in failed:
+                by_error.setdefault(c.error or "NaN/inf in the output", []).append(c.label)
+            passing = sorted({c.context for c in self.cells if c.ok and not c.nonfinite})
+            scenarios = Finding("forward.scenarios", "fail",
+                                f"{len(failed)} of {len(self.cells)} forward scenarios fail, e.g. {failed[0].label}",
+                                " ".join(f"{err} — in {len(labels)} cell(s): {', '.join(labels[:4])}"
+                                         + ("…" if len(labels) > 4 else "") + "." for err, labels in by_error.items())
+                                + (f" Passing contexts: {', '.join(passing)}." if passing else ""),
+                                evidence, fix)
+        else:
+            scenarios = Finding("forward.scenarios", "pass", f"All {len(self.cells)} forward scenarios pass",
+                                f"Inputs: {self.inputs_how}; outputs {self.cells[0].dtype if self.cells else '-'}.",
+                                evidence)
+        flow_evidence = {"traced": self.traced_cell, "diagnosis": self.diagnosis, "flow": self.flow}
+        traced_error = next((c.error for c in failed if c.label == self.traced_cell), None) or ""
+        if self.diagnosis and self.diagnosis["raised"] and DTYPE_ERROR.search(traced_error):
+            flow = Finding("forward.dtype_flow", "fail", self.diagnosis["summary"],
+                           f"Traced {self.traced_cell}: `{self.diagnosis['module']}` receives "
+                           f"{self.diagnosis['input_dtype']} against its {self.diagnosis['module_weight']} weight"
+                           + (f"; the {self.diagnosis['input_dtype']} activation comes from "
+                              f"`{self.diagnosis['producer']}`." if self.diagnosis.get("producer") else "."),
+                           flow_evidence, fix)
+        elif failed:
+            where = f" in `{self.failing_module}`" if self.failing_module else ""
+            flow = Finding("forward.dtype_flow", "warn", f"A scenario fails{where}, and not on a dtype mismatch",
+                           f"{self.traced_cell}: {traced_error}", flow_evidence,
+                           "Read the exception and the traced flow; this is not a dtype problem.")
+        else:
+            flow = Finding("forward.dtype_flow", "pass", "No forward breaks on a dtype mismatch",
+                           "The traced forward ran to the end." + (
+                               f" First module whose input dtype differs from its weight: "
+                               f"{self.diagnosis['summary']} (handled by the module)." if self.diagnosis else ""),
+                           flow_evidence)
+        return [scenarios, flow]
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from workbench.report.html import esc, findings_table, frame_html
+
+        grid = self.to_frame()
+        table = grid.pivot_table(index=["variant", "mode"], columns="context", values="result", aggfunc="first")
+        table = table[[c for c in CONTEXTS if c in table.columns]]
+        colour = {"pass": "#c8e6c9", "fail": "#ffcdd2"}
+        cells = "".join(
+            "<tr>" + f"<th>{esc(v)} / {esc(m)}</th>" + "".join(
+                f'<td style="background:{colour.get(table.loc[(v, m), c], "#fff")};text-align:center">'
+                f"{esc(str(table.loc[(v, m), c]))}</td>" for c in table.columns) + "</tr>"
+            for v, m in table.index)
+        head = "<tr><th></th>" + "".join(f"<th>{esc(c)}</th>" for c in table.columns) + "</tr>"
+        flow = pd.DataFrame(self.flow)
+        return (findings_table(self.findings()) + f"<p>Inputs: {esc(self.inputs_how)}</p>"
+                + f"<table class='wb-grid'>{head}{cells}</table>"
+                + f"<h4>Dtype flow ({esc(self.traced_cell or 'train / no autocast')})</h4>"
+                + (frame_html(flow) if not flow.empty else "<p>No module with a weight was traced.</p>")
+                + "<details><summary>all cells</summary>" + frame_html(grid) + "</details>")
+
+
+def with_labels(model: nn.Module, inputs: dict) -> dict:
+    """Add causal-LM labels when the model's forward takes them."""
+    import inspect
+
+    if "labels" in inputs or "input_ids" not in inputs:
+        return inputs
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return inputs
+    if "labels" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return {**inputs, "labels": inputs["input_ids"].clone()}
+    return inputs
+
+
+def forward_scenarios_probe(prepared, target) -> ForwardResult:
+    from workbench.model.inputs import sample_inputs
+    from workbench.probes.dtype.islands import compute_dtype_of
+
+    model = prepared.model
+    compute = compute_dtype_of(model)
+    inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
+    inputs = with_labels(model, inputs)
+    cells = run_matrix(model, inputs, compute)
+    failing = next((c for c in cells if not c.ok), None)
+    chosen = failing or Cell("as prepared", "train", "no autocast", True)
+    was_training = model.training
+    variants = dict(_variants(model))
+    try:
+        with variants.get(chosen.variant, contextlib.nullcontext()):
+            model.train(chosen.mode == "train")
+            with DtypeTracer(model) as tracer:
+                _run(model, inputs, chosen.context, compute)
+    finally:
+        model.train(was_training)
+    failing_call = tracer.failing_call()
+    return ForwardResult(cells, how, str(compute).removeprefix("torch."), chosen.label, tracer.diagnosis(),
+                         tracer.flow(), failing_call.path if failing_call else None,
+                         any(c.weight is not None and c.outputs is not None for c in tracer.calls))

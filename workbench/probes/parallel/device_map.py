@@ -1,0 +1,108 @@
+"""Where layers go: the loaded model's `hf_device_map`, and what `device_map="auto"|"balanced"|...` would give
+on N GPUs, predicted on the meta device by transformers' own `_get_device_map` (accelerate underneath) — the
+same call from_pretrained makes — without a GPU and without reading a weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from workbench.model.components import unwrap_model
+from workbench.findings import Finding
+
+DEFAULT_GPU_MEMORY = "80GiB"
+DEFAULT_CPU_MEMORY = "64GiB"
+
+
+@dataclasses.dataclass
+class DeviceMapSummary:
+    scenario: str
+    device_map: dict[str, Any] | None
+    error: str | None = None
+
+    @property
+    def gpus(self) -> list[Any]:
+        values = (self.device_map or {}).values()
+        return sorted({v for v in values if v not in ("cpu", "disk", "meta")}, key=str)
+
+    @property
+    def offloaded(self) -> dict[str, Any]:
+        return {k: v for k, v in (self.device_map or {}).items() if v in ("cpu", "disk", "meta")}
+
+    @property
+    def collapsed(self) -> bool:
+        """Everything on one GPU: the `{'': 0}` "fits on one GPU, so no sharding" case."""
+        return bool(self.device_map) and len(self.gpus) == 1 and not self.offloaded
+
+    def as_row(self) -> dict[str, Any]:
+        shown = self.device_map if self.device_map is None or len(self.device_map) <= 6 else \
+            dict(list(self.device_map.items())[:6]) | {"…": f"{len(self.device_map) - 6} more"}
+        return {"scenario": self.scenario, "gpus spanned": len(self.gpus), "cpu/disk entries": len(self.offloaded),
+                "one GPU only": self.collapsed, "device_map": str(shown) if not self.error else self.error}
+
+
+def default_max_memory(gpus: int, given: dict | None) -> tuple[dict, bool]:
+    """The user's --max-memory, or an assumed budget (and say it was assumed)."""
+    if given:
+        return dict(given), False
+    budget: dict[Any, str] = {i: DEFAULT_GPU_MEMORY for i in range(gpus)}
+    budget["cpu"] = DEFAULT_CPU_MEMORY
+    return budget, True
+
+
+def predict_device_map(config, spec: str, gpus: int, max_memory: dict, quant: str = "none",
+                       dtype=None) -> DeviceMapSummary:
+    from transformers.integrations.accelerate import _get_device_map
+
+    from workbench.model.loading import bnb_config, meta_model
+
+    skeleton, hf_quantizer = meta_model(config, dtype, bnb_config(quant))
+    budget = {k: v for k, v in max_memory.items() if not isinstance(k, int) or k < gpus}
+    try:
+        device_map = _get_device_map(skeleton, spec, budget, hf_quantizer)
+    except Exception as exc:  # noqa: BLE001 - e.g. bitsandbytes refusing cpu/disk entries: that is the finding
+        return DeviceMapSummary(f'device_map="{spec}" on {gpus} GPU(s) (predicted)', None,
+                                f"{type(exc).__name__}: {str(exc)[:300]}")
+    if device_map and len(set(device_map.values())) == 1:
+        device_map = {"": next(iter(device_map.values()))}  # as from_pretrained records a one-device map
+    return DeviceMapSummary(f'device_map="{spec}" on {gpus} GPU(s) (predicted)', dict(device_map))
+
+
+def loaded_device_map(model) -> DeviceMapSummary:
+    inner, _ = unwrap_model(model)
+    return DeviceMapSummary("as loaded", getattr(inner, "hf_device_map", None))
+
+
+def device_map_finding(loaded: DeviceMapSummary, predictions: list[DeviceMapSummary], gpus: int,
+                       budget: dict, assumed: bool) -> Finding:
+    evidence = {"loaded": loaded.as_row(), "predicted": [p.as_row() for p in predictions],
+                "max_memory": {str(k): v for k, v in budget.items()}, "max_memory_assumed": assumed}
+    budget_note = (f" (assumed {DEFAULT_GPU_MEMORY} per GPU; pass --max-memory for yours)" if assumed else "")
+    offloads = [s for s in [loaded, *predictions] if s.offloaded]
+    errors = [s for s in predictions if s.error]
+    collapsed = [s for s in predictions if s.collapsed] if gpus > 1 else []
+    if loaded.offloaded:
+        names = ", ".join(list(loaded.offloaded)[:5])
+        return Finding("parallel.device_map", "warn", f"{len(loaded.offloaded)} module(s) of the loaded model are "
+                       f"on cpu/disk: {names}", "Offloaded layers run slowly and break kernels that need every "
+                       "tensor on the GPU (flash-attention: 'q must be on CUDA'; bitsandbytes refuses cpu entries "
+                       "for 4-bit without llm_int8_enable_fp32_cpu_offload).", evidence,
+                       "Free GPU memory before loading (gc.collect(); torch.cuda.empty_cache()), give max_memory "
+                       "room, or quantize; check hf_device_map after every load.")
+    if errors or offloads:
+        first = (errors or offloads)[0]
+        return Finding("parallel.device_map", "warn", f"{first.scenario} would offload or fail{budget_note}",
+                       first.error or f"cpu/disk entries: {list(first.offloaded)[:5]}", evidence,
+                       "Give each GPU more memory in max_memory, add GPUs, or load in 4-bit.")
+    if collapsed:
+        return Finding("parallel.device_map", "info",
+                       f"{collapsed[0].scenario} keeps the whole model on one GPU{budget_note}",
+                       "The model fits on one GPU, so device_map does not shard it: hf_device_map becomes "
+                       "{'': 0}, the Trainer does not see model parallelism, and with more than one visible GPU "
+                       "it wraps the model in DataParallel (see parallel.trainer_wrap).", evidence,
+                       "To really shard, cap max_memory below the model's size per GPU; to use both GPUs for data "
+                       "parallelism, launch with torchrun (DDP).")
+    spanned = ", ".join(f"{p.scenario}: {len(p.gpus)} GPU(s)" for p in predictions)
+    return Finding("parallel.device_map", "pass", "No offload; placement as expected" + budget_note,
+                   f"as loaded: {loaded.device_map or 'no device map (one device)'}; {spanned}", evidence)

@@ -1,0 +1,207 @@
+"""The probes of notebook 02 (DataParallel detection): `parallel.trainer_wrap` and `parallel.device_map`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import transformers
+
+from workbench.model.components import unwrap_model
+from workbench.probes.parallel.device_map import (DeviceMapSummary, default_max_memory, device_map_finding, loaded_device_map,
+                                  predict_device_map)
+from workbench.findings import Finding
+from workbench.probes.dtype.islands import compute_dtype_of
+from workbench.probes.parallel.release_rules import release_line_for, verdicts_across_releases
+from workbench.probes.parallel.replica import ForwardOutcome, replica_forward_check
+from workbench.probes.parallel.trainer_wrap import WrapObservation, observe_trainer, single_gpu_baseline
+from workbench.report.text import TextRepr
+
+PREDICTED_SPECS = ("auto", "balanced")
+
+
+def _quantized(model) -> tuple[bool, bool]:
+    inner, _ = unwrap_model(model)
+    return bool(getattr(inner, "is_loaded_in_4bit", False)), bool(getattr(inner, "is_loaded_in_8bit", False))
+
+
+def _training_options(target) -> dict[str, int]:
+    return {"dataset_size": int(target.params.get("dataset_size", 272)),
+            "per_device_batch": int(target.params.get("per_device_train_batch_size", 2)),
+            "accumulation": int(target.params.get("gradient_accumulation_steps", 1))}
+
+
+def expected_device_map(prepared, target) -> tuple[dict | None, str]:
+    """The hf_device_map the user's training run would have, and why we think so."""
+    spec = target.device_map
+    if isinstance(spec, dict):
+        return spec, "--device-map as given"
+    if isinstance(spec, int):
+        return {"": spec}, "--device-map as given"
+    if isinstance(spec, str) and spec != "cpu":
+        from workbench.model.loading import auto_config
+
+        budget, _ = default_max_memory(target.gpus, target.max_memory)
+        predicted = predict_device_map(auto_config(target.model_dir), spec, target.gpus, budget, target.quant)
+        return predicted.device_map, f'predicted for device_map="{spec}" on {target.gpus} GPU(s)'
+    if any(_quantized(prepared.model)):
+        return {"": 0}, ("bitsandbytes loads onto the current GPU when no device_map is given "
+                         "(the quantizer's update_device_map sets {'': 0})")
+    inner, _ = unwrap_model(prepared.model)
+    return getattr(inner, "hf_device_map", None), "the loaded model's own hf_device_map"
+
+
+@dataclasses.dataclass(repr=False)
+class TrainerWrapResult(TextRepr):
+    headline: WrapObservation
+    map_reason: str
+    scenarios: list[WrapObservation]
+    releases: list[dict[str, Any]]
+    replica: list[ForwardOutcome]
+    baseline_steps: int
+    installed: str
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([o.as_row() for o in [self.headline, *self.scenarios]])
+
+    def fixes(self) -> list[dict[str, str]]:
+        h = self.headline
+        four_bit = any(r.get("is_loaded_in_4bit") for r in self.releases[:1])
+        return [
+            {"fix": "training_args._n_gpu = 1 (or CUDA_VISIBLE_DEVICES with one GPU)",
+             "trade-off": "stops the wrap and keeps device_map sharding; an unsharded model then trains on one GPU "
+                          "while the other idles", "applies": "yes" if h.wraps_data_parallel or
+             (h.n_gpu or 1) > 1 else "not needed"},
+            {"fix": "force sharding: device_map='balanced' with max_memory below the model size per GPU",
+             "trade-off": "the Trainer sees model parallelism (n_gpu=1); layers run one GPU after another, so no "
+                          "speed-up", "applies": "yes" if h.wraps_data_parallel else "not needed"},
+            {"fix": "launch with torchrun --nproc_per_node N (DDP), device_map={'': local_rank}",
+             "trade-off": "one full model copy per GPU (memory), autocast in every process; the recommended way "
+                          "to use N GPUs", "applies": "yes" if h.wraps_data_parallel else "optional"},
+            {"fix": "upgrade transformers to >= 5.6", "trade-off": "5.6 stops wrapping 4-bit models; other models "
+             "are still wrapped", "applies": "yes, if the failing run used an older release" if four_bit
+             else "no (not a 4-bit model)"},
+        ]
+
+    def findings(self) -> list[Finding]:
+        h = self.headline
+        evidence = {"installed_transformers": self.installed, "observed": h.as_row(), "simulated": h.simulated,
+                    "device_map_reason": self.map_reason, "scenarios": [o.as_row() for o in self.scenarios],
+                    "releases": self.releases, "replica_forward": [r.as_row() for r in self.replica],
+                    "single_gpu_steps_per_epoch": self.baseline_steps, "fixes": self.fixes()}
+        steps = f"{self.baseline_steps} → {h.steps_per_epoch} steps per epoch"
+        would_wrap = [r["release"] for r in self.releases if r["wraps_data_parallel"]]
+        replica_failed = next((r for r in self.replica if not r.ok and "replica" in r.scenario), None)
+        others = f" Encoded release lines that would wrap it: {', '.join(would_wrap)}." if would_wrap else \
+            " No encoded release line would wrap it."
+        if would_wrap and not h.wraps_data_parallel and replica_failed:
+            others += (f" Under those releases its replica-thread forward fails — {replica_failed.error} — the "
+                       "'float != BFloat16' of a run made with them.")
+        fix = "; ".join(f["fix"] for f in self.fixes() if f["applies"].startswith("yes")) or "none needed"
+        if h.wraps_data_parallel:
+            crash = (f" The replica-thread forward fails: {replica_failed.error}" if replica_failed else
+                     " The replica-thread forward ran (this model has no dtype island on its path), but the "
+                     "replicas get no autocast.")
+            return [Finding(
+                "parallel.trainer_wrap", "fail" if replica_failed else "warn",
+                f"transformers {self.installed} wraps this model in nn.DataParallel on {h.gpus} GPUs ({steps})",
+                f"is_model_parallel={h.is_model_parallel}, n_gpu={h.n_gpu}, train batch {h.train_batch_size}. "
+                "Autocast reaches the model only through accelerator.prepare, which the Trainer skips for a "
+                "DataParallel-wrapped model, and autocast state is thread-local to the replica threads." + crash
+                + others, evidence, fix)]
+        if (h.n_gpu or 1) > 1:
+            return [Finding(
+                "parallel.trainer_wrap", "warn",
+                f"No DataParallel, but the train batch is multiplied by {h.n_gpu} ({steps})",
+                f"transformers {self.installed} does not wrap this model (quantized models are not "
+                f"DataParallel-able) yet args.n_gpu={h.n_gpu} still multiplies the train batch: "
+                f"{h.train_batch_size} samples per step run on one device, so each step is {h.n_gpu}x larger than "
+                "configured and the other GPU idles." + others, evidence,
+                "training_args._n_gpu = 1 (or one visible GPU) for the configured batch; torchrun (DDP) to use "
+                "every GPU.")]
+        return [Finding("parallel.trainer_wrap", "pass",
+                        f"transformers {self.installed} does not wrap this model (n_gpu={h.n_gpu})",
+                        f"is_model_parallel={h.is_model_parallel}; {h.steps_per_epoch} steps per epoch." + others,
+                        evidence)]
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from workbench.report.html import esc, findings_table, frame_html
+
+        simulated = "".join(f"<li>{esc(s)}</li>" for s in self.headline.simulated)
+        return (findings_table(self.findings())
+                + f"<h4>What the installed Trainer does</h4><p>Map: {esc(self.map_reason)}.</p>"
+                + (f"<p>Simulated on this machine:</p><ul>{simulated}</ul>" if simulated else "")
+                + frame_html(self.to_frame())
+                + "<h4>Forward as a DataParallel replica runs it</h4>"
+                + frame_html(pd.DataFrame([r.as_row() for r in self.replica]).fillna(""))
+                + "<h4>Other transformers release lines</h4>" + frame_html(pd.DataFrame(self.releases))
+                + "<h4>Fixes</h4>" + frame_html(pd.DataFrame(self.fixes())))
+
+
+def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
+    model = prepared.model
+    options = _training_options(target)
+    device_map, reason = expected_device_map(prepared, target)
+    headline = observe_trainer(model, target.gpus, scenario="your run", device_map=device_map, **options)
+    scenarios = [observe_trainer(model, target.gpus, scenario="device_map={'': 0}", device_map={"": 0}, **options),
+                 observe_trainer(model, target.gpus, scenario="device_map={'': 1}", device_map={"": 1}, **options)]
+    if target.gpus > 1:
+        split = {"first half": 0, "second half": 1}
+        scenarios.append(observe_trainer(model, target.gpus, scenario="a map spanning GPUs 0 and 1",
+                                         device_map=split, **options))
+    inner, _ = unwrap_model(model)
+    four, eight = _quantized(model)
+    releases = verdicts_across_releases(n_gpu=target.gpus, hf_device_map=device_map, is_loaded_in_4bit=four,
+                                        is_loaded_in_8bit=eight,
+                                        is_parallelizable=bool(getattr(inner, "is_parallelizable", False)),
+                                        model_parallel=bool(getattr(inner, "model_parallel", False)))
+    for row in releases:
+        row["is_loaded_in_4bit"] = four
+    replica: list[ForwardOutcome] = []
+    if headline.wraps_data_parallel or any(r["wraps_data_parallel"] for r in releases):
+        from workbench.model.inputs import sample_inputs
+
+        inputs, _how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
+        replica = replica_forward_check(model, inputs, compute_dtype_of(model))
+    baseline = single_gpu_baseline(options["dataset_size"], options["per_device_batch"], options["accumulation"])
+    installed = transformers.__version__
+    line = release_line_for(installed)
+    if line is not None:
+        releases = [dict(r, installed=(r["release"] == line.since)) for r in releases]
+    return TrainerWrapResult(headline, reason, scenarios, releases, replica, baseline, installed)
+
+
+@dataclasses.dataclass(repr=False)
+class DeviceMapResult(TextRepr):
+    loaded: DeviceMapSummary
+    predictions: list[DeviceMapSummary]
+    gpus: int
+    budget: dict
+    assumed: bool
+
+    def findings(self) -> list[Finding]:
+        return [device_map_finding(self.loaded, self.predictions, self.gpus, self.budget, self.assumed)]
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from workbench.report.html import findings_table, frame_html
+
+        rows = [self.loaded.as_row(), *[p.as_row() for p in self.predictions]]
+        return findings_table(self.findings()) + frame_html(pd.DataFrame(rows))
+
+
+def device_map_probe(prepared, target) -> DeviceMapResult:
+    from workbench.model.loading import auto_config
+
+    budget, assumed = default_max_memory(target.gpus, target.max_memory)
+    config = auto_config(target.model_dir, trust_remote_code=target.trust_remote_code)
+    specs = list(PREDICTED_SPECS)
+    if isinstance(target.device_map, str) and target.device_map not in specs + ["cpu"]:
+        specs.append(target.device_map)
+    predictions = [predict_device_map(config, spec, target.gpus, budget, target.quant) for spec in specs]
+    return DeviceMapResult(loaded_device_map(prepared.model), predictions, target.gpus, budget, assumed)

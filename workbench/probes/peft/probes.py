@@ -1,0 +1,265 @@
+"""The probes of notebook 03 (PEFT attribute preservation): `peft.attributes` and `peft.layer_status`.
+
+The Trainer and accelerate decide placement, DataParallel and quantized-training rules from attributes of the
+model they are handed. Each wrapping step (k-bit preparation, PEFT, the Trainer, trl's SFTTrainer) hands on a
+different object; this probe reads every such attribute after every step and says which were kept on the
+object itself, which only reach through `__getattr__` forwarding (PeftModel forwards to its base model), and
+which were lost or changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import tempfile
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.findings import Finding
+from workbench.report.text import TextRepr
+
+MISSING = "—"
+# read by Trainer.__init__ / _wrap_model / validate_quantization_for_training and by accelerate's prepare
+TRAINER_READ = ("hf_device_map", "is_loaded_in_4bit", "is_loaded_in_8bit", "quantization_method", "is_quantized",
+                "is_parallelizable", "model_parallel")
+ATTRIBUTES = TRAINER_READ + ("_hf_peft_config_loaded", "_keep_in_fp32_modules", "is_gradient_checkpointing",
+                             "config.use_cache", "dtype", "device")
+
+
+def _read(obj: Any, path: str) -> tuple[Any, str]:
+    """(value, how): how is 'own' (found without __getattr__), 'forwarded' (only via __getattr__) or 'missing'."""
+    head, _, rest = path.partition(".")
+    try:
+        value = getattr(obj, head)
+    except Exception:  # noqa: BLE001 - properties may raise on odd models; that is "missing" for us
+        return MISSING, "missing"
+    try:
+        inspect.getattr_static(obj, head)
+        how = "own"
+    except AttributeError:
+        how = "forwarded"
+    if rest:
+        value, sub = _read(value, rest)
+        how = sub if sub == "missing" else how
+    return value, how
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, (set, frozenset)):
+        return str(sorted(value))
+    return str(value)
+
+
+@dataclasses.dataclass
+class AttributeSnapshot:
+    step: str
+    object_type: str
+    values: dict[str, str]
+    how: dict[str, str]
+    trainable: int
+    total: int
+
+
+def snapshot(step: str, model: nn.Module) -> AttributeSnapshot:
+    values, how = {}, {}
+    for name in ATTRIBUTES:
+        value, where = _read(model, name)
+        values[name], how[name] = _show(value), where
+    params = list(model.parameters())
+    return AttributeSnapshot(step, type(model).__name__, values, how,
+                             sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params))
+
+
+@dataclasses.dataclass(repr=False)
+class AttributeResult(TextRepr):
+    snapshots: list[AttributeSnapshot]
+    skipped: list[str]
+
+    def changes(self) -> list[dict[str, str]]:
+        """Trainer-read attributes whose value differs from the raw model's at a later step."""
+        raw = self.snapshots[0]
+        out = []
+        for snap in self.snapshots[1:]:
+            for name in TRAINER_READ:
+                before, after = raw.values[name], snap.values[name]
+                if before != after and not (name == "hf_device_map" and before == MISSING):
+                    out.append({"attribute": name, "step": snap.step, "raw model": before, "now": after,
+                                "how": snap.how[name]})
+        return out
+
+    def to_frame(self):
+        import pandas as pd
+
+        rows = {}
+        for snap in self.snapshots:
+            column = {name: snap.values[name] + ("  ↪ forwarded" if snap.how[name] == "forwarded" else "")
+                      for name in ATTRIBUTES}
+            column["object"] = snap.object_type
+            column["trainable / total params"] = f"{snap.trainable:,} / {snap.total:,}"
+            rows[snap.step] = column
+        return pd.DataFrame(rows)
+
+    def findings(self) -> list[Finding]:
+        changes = self.changes()
+        forwarded = sorted({f"{n} ({s.step})" for s in self.snapshots for n, h in s.how.items()
+                            if h == "forwarded" and n in TRAINER_READ})
+        evidence = {"steps": [dataclasses.asdict(s) for s in self.snapshots], "changes": changes,
+                    "forwarded": forwarded, "skipped_steps": self.skipped}
+        if changes:
+            first = changes[0]
+            return [Finding("peft.attributes", "fail",
+                            f"{first['attribute']} changes from {first['raw model']} to {first['now']} at "
+                            f"'{first['step']}'",
+                            f"{len(changes)} Trainer-read attribute change(s) across wrapping: "
+                            + "; ".join(f"{c['attribute']} at {c['step']}: {c['raw model']} → {c['now']}"
+                                        for c in changes[:6])
+                            + ". The Trainer then decides DataParallel, placement and quantized-training rules on "
+                              "values that no longer describe the model.", evidence,
+                            "Set such attributes on the object the Trainer receives (after the last wrap), or fix "
+                            "the wrapper so it forwards them; prefer passing _n_gpu=1 / a real device_map over "
+                            "setting flags by hand.")]
+        detail = "Every attribute the Trainer reads keeps its value through each step."
+        if forwarded:
+            detail += f" Reached only through __getattr__ forwarding: {', '.join(forwarded[:8])}."
+        return [Finding("peft.attributes", "info", "Trainer-read attributes survive every wrapping step", detail,
+                        evidence)]
+
+    def _repr_html_(self) -> str:
+        from workbench.report.html import esc, findings_table, frame_html
+
+        skipped = "".join(f"<li>{esc(s)}</li>" for s in self.skipped)
+        return (findings_table(self.findings()) + frame_html(self.to_frame().reset_index(names="attribute"))
+                + (f"<p>Steps not run:</p><ul>{skipped}</ul>" if skipped else ""))
+
+
+def _trainer_model(model: nn.Module, gpus: int) -> nn.Module:
+    from transformers import Trainer, TrainingArguments
+
+    with tempfile.TemporaryDirectory(prefix="workbench-peft-") as out:
+        args = TrainingArguments(output_dir=out, report_to=[], use_cpu=not torch.cuda.is_available())
+        _ = args.device
+        args._n_gpu = gpus
+        return Trainer(model=model, args=args).model
+
+
+def peft_attribute_probe(target) -> AttributeResult:
+    """Load the model and walk it through the wrapping steps, snapshotting after each one; the model is freed on
+    return, so run this before `prepare_model` (never two copies resident)."""
+    from peft import PeftModel, prepare_model_for_kbit_training
+
+    from workbench.model.loading import load_pretrained
+    from workbench.model.setups import add_fresh_lora
+
+    skipped: list[str] = []
+    load = dict(quant=target.quant, device_map=target.device_map, max_memory=target.max_memory,
+                trust_remote_code=target.trust_remote_code)
+    model = load_pretrained(target.model_dir, **load)
+    snaps = [snapshot("raw model", model)]
+    if target.quant != "none":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+        snaps.append(snapshot("prepare_model_for_kbit_training", model))
+    else:
+        skipped.append("prepare_model_for_kbit_training: not a k-bit model")
+    if target.adapter_dir:
+        model = PeftModel.from_pretrained(model, str(target.adapter_dir), is_trainable=True)
+        snaps.append(snapshot("PeftModel.from_pretrained", model))
+    else:
+        model = add_fresh_lora(model)
+        snaps.append(snapshot("get_peft_model", model))
+    snaps.append(snapshot(f"Trainer (n_gpu={target.gpus})", _trainer_model(model, target.gpus)))
+    del model
+    import gc
+
+    gc.collect()
+    return AttributeResult(snaps, skipped)
+
+
+def with_setup_attributes(report: AttributeResult, prepared, target) -> AttributeResult:
+    """The chain's report plus a column for what the user's own set-up hands the Trainer."""
+    if target.setup in ("plain", "qlora"):
+        return report
+    return AttributeResult([*report.snapshots, snapshot(f"your set-up ({target.setup})", prepared.model)],
+                           report.skipped)
+
+
+@dataclasses.dataclass(repr=False)
+class LayerStatusResult(TextRepr):
+    model_status: dict[str, Any] | None
+    layers: list[dict[str, Any]]
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.layers)
+
+    def findings(self) -> list[Finding]:
+        if self.model_status is None:
+            return [Finding("peft.layer_status", "skip", "No PEFT adapter in this set-up",
+                            "The prepared model has no tuner layers; pass an adapter or a LoRA set-up.")]
+        status = self.model_status
+        evidence = {"model_status": status, "layers": self.layers[:60],
+                    "dtype_differs": [r["layer"] for r in self.layers if r["A/B dtype"] != r["base compute dtype"]]}
+        irregular = [k for k in ("enabled", "active_adapters", "requires_grad", "devices")
+                     if "irregular" in str(status.get(k))]
+        if irregular:
+            return [Finding("peft.layer_status", "warn", f"Adapter layers are irregular in {', '.join(irregular)}",
+                            "PEFT reports that not all adapter layers agree ("
+                            + "; ".join(f"{k}={status.get(k)}" for k in irregular) + ").", evidence,
+                            "Re-create the adapter state consistently: one active adapter, the same requires_grad "
+                            "and device for every layer.")]
+        if status.get("enabled") is False or not status.get("num_adapter_layers"):
+            return [Finding("peft.layer_status", "warn", "Adapter layers are disabled or absent",
+                            f"num_adapter_layers={status.get('num_adapter_layers')}, enabled={status.get('enabled')}",
+                            evidence, "Enable the adapter (model.enable_adapter_layers()) or check target_modules.")]
+        differ = len(evidence["dtype_differs"])
+        return [Finding("peft.layer_status", "info" if differ else "pass",
+                        f"{status.get('num_adapter_layers')} adapter layers, active {status.get('active_adapters')}, "
+                        f"requires_grad {status.get('requires_grad')}",
+                        (f"{differ} layer(s) keep LoRA A/B in a dtype other than their base layer's compute dtype "
+                         "(PEFT casts activations around them)." if differ else
+                         "LoRA A/B dtypes match their base layers' compute dtype.")
+                        + f" Devices: {status.get('devices')}.", evidence)]
+
+    def _repr_html_(self) -> str:
+        from workbench.report.html import esc, findings_table, frame_html
+
+        summary = "".join(f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>"
+                          for k, v in (self.model_status or {}).items())
+        return (findings_table(self.findings()) + f"<table class='wb-table'>{summary}</table>"
+                + frame_html(self.to_frame().head(200)))
+
+
+def _base_compute_dtype(layer: nn.Module) -> str:
+    base = layer.get_base_layer() if hasattr(layer, "get_base_layer") else layer
+    compute = getattr(base, "compute_dtype", None)
+    weight = getattr(base, "weight", None)
+    if compute is None and weight is not None and weight.dtype.is_floating_point:
+        compute = weight.dtype
+    return str(compute).removeprefix("torch.") if compute is not None else "quantized"
+
+
+def peft_layer_status_probe(prepared) -> LayerStatusResult:
+    from peft import get_layer_status, get_model_status
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    model = prepared.model
+    if not any(isinstance(m, BaseTunerLayer) for m in model.modules()):
+        return LayerStatusResult(None, [])
+    status = dataclasses.asdict(get_model_status(model))
+    # get_layer_status names layers relative to the tuner model (PeftModel.base_model)
+    modules = {**dict(model.named_modules()), **dict(getattr(model, "base_model", model).named_modules())}
+    rows = []
+    for layer in get_layer_status(model):
+        module = modules.get(layer.name)
+        ab = sorted({str(p.dtype).removeprefix("torch.") for n, p in module.named_parameters()
+                     if "lora_" in n}) if module is not None else []
+        rows.append({"layer": layer.name, "type": layer.module_type, "enabled": layer.enabled,
+                     "active": ",".join(layer.active_adapters), "merged": ",".join(layer.merged_adapters),
+                     "requires_grad": str(layer.requires_grad), "devices": str(layer.devices),
+                     "quantization": layer.quantization_backend or "",
+                     "A/B dtype": ",".join(ab), "base compute dtype": _base_compute_dtype(module)})
+    return LayerStatusResult(status, rows)

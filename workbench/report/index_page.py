@@ -1,0 +1,101 @@
+"""index.html: a one-page summary of a report that leads with the verdict. Static, offline, escaped."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from workbench.findings import Finding, sort_findings, worst_verdict
+from workbench.report.html import esc, findings_table, verdict_badge
+
+STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+table{border-collapse:collapse;width:100%;margin:0.5em 0}
+th,td{border-bottom:1px solid #ddd;padding:6px 8px;vertical-align:top;text-align:left;font-size:0.92em;
+   overflow-wrap:anywhere}
+th{background:#f5f5f5} code{font-size:0.9em} pre{white-space:pre-wrap;font-size:0.8em;max-height:24em;overflow:auto}
+.summary{font-size:1.2em;margin:0.5em 0 1em}
+.wb-findings th,.wb-findings td:nth-child(1),.wb-findings td:nth-child(2),
+.wb-findings td:nth-child(4){white-space:nowrap;
+   overflow-wrap:normal}
+"""
+
+
+def _kv_table(data: dict[str, Any]) -> str:
+    rows = "".join(f"<tr><th>{esc(str(k))}</th><td><code>{esc(str(v))}</code></td></tr>"
+                   for k, v in data.items() if v not in (None, "", [], {}))
+    return f"<table>{rows}</table>"
+
+
+def _notebook_row(run: dict[str, Any]) -> str:
+    name = esc(run["name"])
+    link = f'<a href="{esc(run["html"])}">{name}</a>' if run.get("html") else name
+    status = verdict_badge("error" if run["status"] == "error" else "pass")
+    return (f"<tr><td>{status}</td><td>{link}</td><td>{run['seconds']:.1f} s</td>"
+            f'<td><a href="{name}.ipynb">notebook</a></td><td>{esc(run.get("error") or "")}</td></tr>')
+
+
+def render_index(report: dict[str, Any]) -> str:
+    findings = [Finding.from_dict(f) for f in report["findings"]]
+    worst = worst_verdict(f.verdict for f in findings) or "pass"
+    counts = Counter(f.verdict for f in findings)
+    summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: kv[0]))
+    headline = next((f for f in sort_findings(findings)), None)
+    notebooks = "".join(_notebook_row(n) for n in report["notebooks"])
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Diagnosis: {esc(report['target']['checkpoint'])}</title>
+<style>{STYLE}</style></head><body>
+<h1>Diagnosis {verdict_badge(worst)}</h1>
+<p class="summary">{esc(headline.title) if headline else 'No findings.'}</p>
+<p>{esc(summary)} &middot; created {esc(report['created'])} &middot; run <code>{esc(report['run_id'])}</code></p>
+<h2>Findings, worst first</h2>
+{findings_table(findings, link_notebooks=True)}
+<h2>Notebooks</h2>
+<table><thead><tr><th>status</th><th>report</th><th>time</th><th>executed</th><th>error</th></tr></thead>
+<tbody>{notebooks}</tbody></table>
+<h2>Target</h2>{_kv_table(report['target'])}
+<h2>Environment</h2>{_kv_table(report['environment'])}
+<p><a href="findings.json">findings.json</a> (schema version {report['schema_version']})</p>
+</body></html>"""
+
+
+def write_index(folder: Path, report: dict[str, Any]) -> Path:
+    path = Path(folder) / "index.html"
+    path.write_text(render_index(report))
+    return path
+
+
+def write_reports_index(reports_dir: Path) -> Path:
+    """reports/index.html: every completed run, newest first, with its worst verdict and target."""
+    import json
+
+    rows = []
+    for findings_json in sorted(Path(reports_dir).glob("*/*/findings.json"), reverse=True):
+        folder = findings_json.parent
+        if folder.name.startswith("."):
+            continue
+        try:
+            report = json.loads(findings_json.read_text())
+        except (OSError, ValueError):
+            continue
+        verdicts = [f.get("verdict", "error") for f in report.get("findings", [])]
+        worst = worst_verdict(verdicts) or "pass"
+        counts = Counter(verdicts)
+        rel = f"{folder.parent.name}/{folder.name}/index.html"
+        target = report.get("target", {})
+        rows.append(f"<tr><td>{verdict_badge(worst)}</td><td><a href=\"{esc(rel)}\">{esc(folder.parent.name)} "
+                    f"{esc(folder.name)}</a></td><td><code>{esc(str(target.get('checkpoint', '')))}</code></td>"
+                    f"<td>{esc(str(target.get('quant', '')))} · {esc(str(target.get('gpus', '')))} GPU(s) · "
+                    f"{esc(str(target.get('setup', '')))}</td>"
+                    f"<td>{esc(', '.join(f'{n} {v}' for v, n in sorted(counts.items())))}</td></tr>")
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Diagnosis reports</title>"
+            f"<style>{STYLE}</style></head><body><h1>Diagnosis reports</h1><p>{len(rows)} run(s), newest first.</p>"
+            "<table><thead><tr><th>worst</th><th>run</th><th>checkpoint</th><th>set-up</th><th>verdicts</th></tr>"
+            f"</thead><tbody>{''.join(rows)}</tbody></table></body></html>")
+    path = Path(reports_dir) / "index.html"
+    tmp = path.with_name(f".index.{os.getpid()}.tmp")
+    tmp.write_text(page)
+    os.replace(tmp, path)
+    return path

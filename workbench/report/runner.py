@@ -1,0 +1,254 @@
+"""The report runner: papermill executes each notebook into a dated folder, nbconvert exports it to HTML,
+and the notebooks' sidecars are merged into findings.json and index.html.
+
+A notebook that raises is still saved (papermill marks the failing cell), exported, and recorded as `error`;
+the next notebook still runs. The report is assembled in a hidden `.partial` folder and renamed into
+`reports/YYYY-MM-DD/HHMMSS-<name>/` when complete, so an interrupted run never leaves a half report that looks
+whole, and two runs started in the same second get different folders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.report.environment import environment_facts
+from workbench.errors import UsageError
+from workbench.paths import NOTEBOOK_DIR, REPORT_TEMPLATE_DIR
+from workbench.findings import FAILING_VERDICTS, Finding, sort_findings, write_json_atomic
+from workbench.model.target import Target
+
+SCHEMA_VERSION = 1
+KERNEL_NAME = "workbench"
+
+
+@dataclasses.dataclass
+class NotebookRun:
+    name: str
+    status: str  # ok | error
+    html: str | None
+    seconds: float
+    error: str | None = None
+
+
+def find_notebooks(folder: Path = NOTEBOOK_DIR, only: list[str] | None = None) -> list[Path]:
+    """The report notebooks (numbered) in `folder`, in order; `only` picks by number or name prefix."""
+    notebooks = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        notebooks = [p for p in notebooks if any(p.stem.startswith(o) or p.stem == o for o in only)]
+    if not notebooks:
+        raise UsageError(f"no notebooks to run in {folder}" + (f" matching {only}" if only else ""))
+    return notebooks
+
+
+def declared_checks(notebook: Path) -> list[str]:
+    """The check ids a notebook promises: the catalog's. A notebook of your own that the catalog does not know
+    declares its checks in its metadata (`{"workbench": {"checks": [...]}}`)."""
+    from workbench.catalog import CHECKS
+
+    known = [c.id for c in CHECKS if c.notebook == notebook.stem]
+    if known:
+        return known
+    meta = json.loads(notebook.read_text()).get("metadata", {})
+    return list(meta.get("workbench", {}).get("checks", []))
+
+
+def ensure_kernel() -> str:
+    """The project's kernel, registered by `make install`; fail clearly if it is missing."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    except NoSuchKernel:
+        raise UsageError(f"the Jupyter kernel {KERNEL_NAME!r} is not registered; run `make install` (or "
+                         f"`python -m ipykernel install --sys-prefix --name {KERNEL_NAME}`)") from None
+    return spec.argv[0] if spec.argv else KERNEL_NAME
+
+
+def new_report_folder(reports_dir: Path, name: str, now: dt.datetime) -> tuple[Path, Path]:
+    """(temporary folder to write in, final folder to rename it to)."""
+    day = reports_dir / now.strftime("%Y-%m-%d")
+    try:
+        day.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create reports folder {day} ({exc.strerror}); pass a writable --reports-dir") \
+            from None
+    if not os.access(day, os.W_OK):
+        raise UsageError(f"reports folder {day} is not writable; pass a writable --reports-dir")
+    stem = f"{now.strftime('%H%M%S')}-{name}"
+    final = day / stem
+    suffix = 1
+    while final.exists():
+        suffix += 1
+        final = day / f"{stem}-{suffix}"
+    temp = day / f".{stem}.{uuid.uuid4().hex[:8]}.partial"
+    temp.mkdir()
+    return temp, final
+
+
+
+
+def export_html(executed: Path, html_path: Path) -> None:
+    """Self-contained HTML with the workbench_report template (JupyterLab's markup, a compact stylesheet): code
+    present but hidden until 'show code' is clicked, images inline, nothing fetched from the internet."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="workbench_report", extra_template_basedirs=[str(REPORT_TEMPLATE_DIR)],
+                            exclude_input_prompt=True, exclude_output_prompt=True, embed_images=True)
+    body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
+    html_path.write_text(body)
+
+
+def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kernel: str,
+                 cell_timeout: int | None = None) -> NotebookRun:
+    import papermill as pm
+
+    from workbench.notebook import parameters_cell_mismatch
+
+    executed = folder / f"{notebook.stem}.ipynb"
+    start = time.monotonic()
+    error = parameters_cell_mismatch(notebook, parameters)
+    if error:  # papermill would inject them silently and the notebook would ignore them: refuse instead
+        return NotebookRun(notebook.stem, "error", None, 0.0, f"parameters contract broken: {error}")
+    try:
+        # no cwd=: papermill would os.chdir the whole process, which breaks notebooks run side by side; kernels
+        # keep the user's working folder and every path handed to them is absolute
+        pm.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel,
+                            progress_bar=False, log_output=False, report_mode=False,
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"], execution_timeout=cell_timeout)
+    except Exception as exc:  # noqa: BLE001 - PapermillExecutionError and kernel deaths alike: failure as artifact
+        error = f"{type(exc).__name__}: {getattr(exc, 'evalue', None) or str(exc).strip().splitlines()[-1:]}"
+    seconds = time.monotonic() - start
+    html = None
+    if executed.exists():
+        try:
+            export_html(executed, folder / f"{notebook.stem}.html")
+            html = f"{notebook.stem}.html"
+        except Exception as exc:  # noqa: BLE001
+            error = error or f"HTML export failed: {type(exc).__name__}: {exc}"
+    return NotebookRun(notebook.stem, "error" if error else "ok", html, round(seconds, 2), error)
+
+
+def collect_findings(folder: Path, notebook: Path, run: NotebookRun) -> list[Finding]:
+    """The notebook's sidecar, plus an `error` for every declared check the notebook never reported."""
+    sidecar = folder / f"findings.{notebook.stem}.json"
+    findings: list[Finding] = []
+    if sidecar.exists():
+        try:
+            findings = [Finding.from_dict(d) for d in json.loads(sidecar.read_text())["findings"]]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            findings = []
+    seen = {f.id for f in findings}
+    for check in declared_checks(notebook):
+        if check not in seen:
+            findings.append(Finding(check, "error", f"{check} was not reported",
+                                    f"{notebook.stem} stopped before this check: {run.error or 'no sidecar'}",
+                                    {"notebook_error": run.error}, "Open the notebook's HTML to see the failing "
+                                    "cell; fix the input or report the bug.", notebook.stem))
+    for f in findings:
+        f.notebook = notebook.stem
+    return findings
+
+
+def notebook_parameters(target: Target, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What each notebook's parameters cell receives: the target's options (re-resolved in the kernel) and extras
+    of the contract (`workbench.notebook.NOTEBOOK_PARAMETERS`)."""
+    return {**target.options(), **(extra or {})}
+
+
+def redact_report(folder: Path) -> None:
+    """Secrets from the environment must not leave the machine inside a shared report (tracebacks included)."""
+    from workbench.report.environment import redact_text, secret_values
+
+    secrets = secret_values()
+    if not secrets:
+        return
+    for path in folder.iterdir():
+        if path.suffix in (".html", ".json", ".ipynb") and path.is_file():
+            text = path.read_text(errors="replace")
+            cleaned = redact_text(text, secrets)
+            if cleaned != text:
+                path.write_text(cleaned)
+
+
+def parallel_jobs(target: Target, notebooks: int) -> int:
+    """Notebooks to run side by side: one per core (at most 2), and only while a model copy per kernel fits easily
+    (each kernel loads the model; the memory goal is never two copies of a big model at once)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = min(2, cores, notebooks)
+    if jobs < 2:
+        return 1
+    try:
+        from workbench.resources import available_bytes, estimated_load_bytes
+
+        need = estimated_load_bytes(target)
+        have, _ = available_bytes()
+    except Exception:  # noqa: BLE001 - when unsure, one at a time
+        return 1
+    # side by side only for models small against memory: two copies below a quarter of what is free
+    return jobs if 2 * need < 0.25 * have and need < 2 * 1024**3 else 1
+
+
+def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
+             echo: Callable[[str], None] = print, notebook_dir: Path = NOTEBOOK_DIR,
+             cell_timeout: int | None = 1800, jobs: int | None = None) -> tuple[Path, list[Finding]]:
+    kernel_python = ensure_kernel()
+    # kernels inherit the environment: keep the user's folder importable for --setup module:function
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    os.environ["WORKBENCH_BATCH"] = "1"  # probes print plain progress lines instead of widgets
+    notebooks = find_notebooks(Path(notebook_dir), only=only)
+    now = dt.datetime.now().astimezone()
+    temp, final = new_report_folder(Path(reports_dir).resolve(), target.name, now)
+    parameters = notebook_parameters(target, extra_parameters)
+    echo(f"diagnosing {target.checkpoint} -> {final} (kernel {KERNEL_NAME}: {kernel_python})")
+    jobs = jobs or parallel_jobs(target, len(notebooks))
+    if jobs > 1:
+        echo(f"running {jobs} notebooks at a time (each kernel holds its own copy of the model)")
+
+    def execute(item: tuple[int, Path]) -> tuple[NotebookRun, list[Finding]]:
+        i, notebook = item
+        echo(f"[{i}/{len(notebooks)}] {notebook.stem} ...")
+        sidecar = str(temp / f"findings.{notebook.stem}.json")
+        run = run_notebook(notebook, temp, {**parameters, "findings_path": sidecar}, KERNEL_NAME, cell_timeout)
+        nb_findings = collect_findings(temp, notebook, run)
+        verdicts = ", ".join(f"{f.id} {f.verdict}" for f in sort_findings(nb_findings))
+        echo(f"[{i}/{len(notebooks)}] {notebook.stem} {run.status} ({run.seconds:.1f} s): {verdicts}"
+             + (f"\n      {run.error}" if run.error else ""))
+        return run, nb_findings
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # each notebook is its own kernel process
+        results = list(pool.map(execute, enumerate(notebooks, 1)))
+    runs = [run for run, _ in results]
+    findings = [f for _, nb_findings in results for f in nb_findings]
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": f"{now.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}",
+        "created": now.isoformat(timespec="seconds"),
+        "target": target.as_contract(),
+        "environment": environment_facts(),
+        "notebooks": [dataclasses.asdict(r) for r in runs],
+        "findings": [f.to_dict() for f in sort_findings(findings)],
+    }
+    write_json_atomic(temp / "findings.json", report)
+    from workbench.report.index_page import write_index
+
+    write_index(temp, report)
+    redact_report(temp)
+    os.replace(temp, final)
+    from workbench.report.index_page import write_reports_index
+
+    write_reports_index(Path(reports_dir).resolve())
+    return final, findings
+
+
+def exit_code(findings: list[Finding]) -> int:
+    return 1 if any(f.verdict in FAILING_VERDICTS for f in findings) else 0
