@@ -27,6 +27,16 @@ def demo_recipes(demo) -> DemoRecipes:
     return build_demo_recipes(demo.root, log=lambda *_: None)
 
 
+@pytest.fixture(scope="session")
+def family(tmp_path_factory):
+    """`family("qwen2_tied")` -> the folder of a tiny healthy checkpoint of that family (workbench.demo.families),
+    built once per test session."""
+    from workbench.demo.families import build_family
+
+    parent = tmp_path_factory.mktemp("families")
+    return lambda name: build_family(name, parent)
+
+
 @pytest.fixture
 def contract_notebook():
     """A report notebook of your own: the contract's parameters cell, then `body`; it declares `checks`."""
