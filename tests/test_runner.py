@@ -26,7 +26,8 @@ ALL_CHECKS = (NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOT
 
 def run_cli(*args, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "workbench", "diagnose", *map(str, args)], capture_output=True,
-                          text=True, timeout=900, cwd=cwd, env={**os.environ, **(env or {})})
+                          text=True, timeout=900, cwd=cwd, env={**os.environ, **(env or {})},
+                          stdin=subprocess.DEVNULL)
 
 
 def only_report(reports: Path) -> Path:
@@ -36,12 +37,11 @@ def only_report(reports: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_recipes, tmp_path):
+def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, tmp_path):
     # what `make diagnose` runs: no CKPT -> the demo's stage-2 adapter, 4-bit, QLoRA set-up, 2 GPUs; the session's
-    # demo cache (its recipes already trained) stands in for .cache/demo
-    result = run_cli("--reports-dir", tmp_path / "reports", env={"WORKBENCH_CACHE": str(demo.root.parent)})
+    # demo cache (its recipes already trained) stands in for .cache/demo; one run shared by the session's tests
+    result, folder = demo_report.result, demo_report.folder
     assert result.returncode == 1, result.stdout + result.stderr  # the demo's planted crash is a `fail`
-    folder = only_report(tmp_path / "reports")
     assert result.stdout.strip().splitlines()[-1] == f"report: {folder}"
     assert folder.parent.name == dt.date.today().isoformat()
     report = json.loads((folder / "findings.json").read_text())
@@ -72,8 +72,8 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_recipes,
     index = (folder / "index.html").read_text()
     assert 'href="01_dtype_distribution.html"' in index and "dtype.fp32_islands" in index
     assert report["target"]["quant"] == "4bit" and report["target"]["gpus"] == 2
-    assert not list((tmp_path / "reports").glob("*/.*partial"))
-    assert folder.name in (tmp_path / "reports" / "index.html").read_text()  # the runs index lists it
+    assert not list(demo_report.reports.glob("*/.*partial"))
+    assert folder.name in (demo_report.reports / "index.html").read_text()  # the runs index lists it
     # notebook 05: the trained recipes beat the base, each adapter on the base it records, nothing offloaded
     metrics = next(f for f in report["findings"] if f["id"] == "eval.metrics")
     assert metrics["verdict"] == "pass" and metrics["title"].startswith("Best: r")
