@@ -85,6 +85,13 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, 
     assert "r3-stage1" in evaluation and "<svg" in evaluation  # r3-two-stage's lineage chain
     # notebook 06 is not asked for without --distributed
     assert verdicts["distributed.ddp"] == verdicts["distributed.fsdp"] == "skip"
+    # one kernel for the whole diagnosis; what it cost is in the report, and the kernel's chatter is not on the console
+    cost = report["cost"]
+    assert cost["kernels_started"] == 1 and [n["kernel"] for n in report["notebooks"]] == ["shared"] * 6
+    assert cost["model_loads"] == len(cost["loads"]) and cost["peak_rss_bytes"] > 0
+    assert set(cost["notebook_seconds"]) == {n["name"] for n in report["notebooks"]}
+    assert "IPKernelApp" not in result.stdout + result.stderr and (folder / "kernel.log").exists()
+    assert "model loads" in index
 
 
 @pytest.mark.slow
@@ -157,3 +164,29 @@ def test_notebooks_run_side_by_side_only_when_two_copies_fit_easily(demo, monkey
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setattr("workbench.resources.estimated_load_bytes", lambda t: 1000)
     assert parallel_jobs(target, 4) == 1
+
+
+@pytest.mark.slow
+def test_a_plain_diagnosis_costs_two_model_loads_in_one_kernel(demo, tmp_path):
+    # the prepared model (shared by notebooks 01-05) and the raw model the wrapping chain walks; the 4-bit/8-bit
+    # census is the meta-device prediction (a real verifying load only below real_quant_max_bytes)
+    target = resolve_target(str(demo.llama), params={"real_quant_max_bytes": 0})
+    folder, findings = diagnose(target, reports_dir=tmp_path / "reports", echo=lambda line: None)
+    report = json.loads((folder / "findings.json").read_text())
+    assert report["cost"]["model_loads"] == 2 and report["cost"]["kernels_started"] == 1, report["cost"]
+    assert [l["notebook"] for l in report["cost"]["loads"]] == ["01_dtype_distribution", "03_peft_attributes"]
+    assert not [f for f in findings if f.verdict in ("fail", "error")]
+
+
+@pytest.mark.slow
+def test_a_notebook_that_kills_its_kernel_leaves_the_next_a_fresh_one(demo, tmp_path, contract_notebook):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    nbformat.write(contract_notebook("import os\nos._exit(3)", ["dead.check"]), notebooks / "01_dies.ipynb")
+    nbformat.write(contract_notebook("x = 1", []), notebooks / "02_after.ipynb")
+    folder, findings = diagnose(resolve_target(str(demo.llama)), reports_dir=tmp_path / "reports",
+                                notebook_dir=notebooks, echo=lambda line: None)
+    report = json.loads((folder / "findings.json").read_text())
+    assert [(n["status"], n["kernel"]) for n in report["notebooks"]] == [("error", "shared"), ("ok", "fresh")]
+    assert report["cost"]["kernels_started"] == 2
+    assert [f.verdict for f in findings if f.id == "dead.check"] == ["error"]

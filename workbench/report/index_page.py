@@ -37,6 +37,19 @@ def _notebook_row(run: dict[str, Any]) -> str:
             f'<td><a href="{name}.ipynb">notebook</a></td><td>{esc(run.get("error") or "")}</td></tr>')
 
 
+def _cost(report: dict[str, Any]) -> str:
+    """What the diagnosis cost: full model loads (and where), kernels, seconds, peak memory of the kernel."""
+    cost = report.get("cost")
+    if not cost:
+        return ""
+    where = Counter(load.get("notebook", "?")[:2] for load in cost.get("loads", []))
+    peak = cost.get("peak_rss_bytes")
+    return (f"<h2>Cost</h2><p>{cost['model_loads']} model loads"
+            + (f" ({esc(', '.join(f'{n} in {nb}' for nb, n in sorted(where.items())))})" if where else "")
+            + f" &middot; {cost['kernels_started']} kernel(s) &middot; {cost['seconds']:.1f} s of notebooks"
+            + (f" &middot; peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "") + "</p>")
+
+
 def render_index(report: dict[str, Any]) -> str:
     findings = [Finding.from_dict(f) for f in report["findings"]]
     worst = worst_verdict(f.verdict for f in findings) or "pass"
@@ -55,6 +68,7 @@ def render_index(report: dict[str, Any]) -> str:
 <h2>Notebooks</h2>
 <table><thead><tr><th>status</th><th>report</th><th>time</th><th>executed</th><th>error</th></tr></thead>
 <tbody>{notebooks}</tbody></table>
+{_cost(report)}
 <h2>Target</h2>{_kv_table(report['target'])}
 <h2>Environment</h2>{_kv_table(report['environment'])}
 <p><a href="findings.json">findings.json</a> (schema version {report['schema_version']})</p>

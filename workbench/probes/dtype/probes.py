@@ -15,7 +15,7 @@ from workbench.findings import Finding, worst_verdict
 from workbench.probes.dtype.islands import Islands, fp32_islands
 from workbench.report.text import TextRepr
 
-DEFAULT_REAL_QUANT_MAX_BYTES = 2 * 1024**3  # verify predictions with a real load only below this checkpoint size
+DEFAULT_REAL_QUANT_MAX_BYTES = 128 * 1024**2  # the prediction is the answer; a real load verifies it only when cheap
 
 
 @dataclasses.dataclass(repr=False)
