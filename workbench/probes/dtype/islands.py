@@ -17,6 +17,7 @@ from torch import nn
 
 from workbench.probes.dtype.census import dtype_name, keep_in_fp32_matcher
 from workbench.model.components import ComponentClassifier, unwrap_model
+from workbench.model.tied import tied_aliases, tied_notes
 from workbench.findings import Finding
 from workbench.report.text import TextRepr
 
@@ -41,6 +42,7 @@ class Islands(TextRepr):
     compute_dtype: str
     islands: list[Island]
     quantized: bool
+    tied: dict[str, str] = dataclasses.field(default_factory=dict)  # alias -> canonical: one tensor, listed once
 
     @property
     def suspicious(self) -> list[Island]:
@@ -70,6 +72,8 @@ class Islands(TextRepr):
             "suspicious_by_component": {f"{c}/{d}": n for (c, d), n in sorted(by_component.items())},
             "intentional": [i.as_row() for i in self.islands if i.intentional][:20],
         }
+        if self.tied:
+            evidence["tied"] = tied_notes(self.tied)
         if not self.islands:
             return Finding("dtype.fp32_islands", "pass", f"Every floating tensor is {self.compute_dtype}",
                            "No parameter or buffer differs from the compute dtype.", evidence)
@@ -142,14 +146,16 @@ def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
     keep_fp32 = keep_in_fp32_matcher(inner)
     adapter_names = _adapter_parameter_names(model)
     islands: list[Island] = []
+    seen: set[int] = set()  # a tied parameter (lm_head.weight is embed_tokens.weight) is one island, not two
     for mod_name, module in model.named_modules():
         own_params = list(module.named_parameters(recurse=False))
         subtree_frozen = not any(p.requires_grad for p in module.parameters())
         tensors = [("parameter", n, t) for n, t in own_params] + \
                   [("buffer", n, t) for n, t in module.named_buffers(recurse=False)]
         for kind, short, tensor in tensors:
-            if not tensor.dtype.is_floating_point or tensor.dtype == compute_dtype:
+            if not tensor.dtype.is_floating_point or tensor.dtype == compute_dtype or id(tensor) in seen:
                 continue
+            seen.add(id(tensor))
             name = f"{mod_name}.{short}" if mod_name else short
             inner_name = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
             if kind == "buffer" and short in ROTARY_BUFFERS:
@@ -165,4 +171,4 @@ def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
     # frozen modules first, buffers before parameters: the seeds' and FSDP's leaks come from there
     islands.sort(key=lambda i: (i.intentional is not None, not i.module_frozen, i.kind != "buffer", i.name))
     quantized = bool(getattr(inner, "is_loaded_in_4bit", False) or getattr(inner, "is_loaded_in_8bit", False))
-    return Islands(dtype_name(compute_dtype), islands, quantized)
+    return Islands(dtype_name(compute_dtype), islands, quantized, tied_aliases(model))
