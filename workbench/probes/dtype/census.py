@@ -182,8 +182,8 @@ def census_finding(census: DtypeCensus, static: Any | None = None) -> Finding:
     if census.tied:
         detail += f". {census.tied_note()}"
     if unassigned:
-        detail += ". Tensors in 'other' belong to no vision/language/head module; map them with a parameters " \
-                  "file's components: patterns if that is wrong."
+        detail += ". Tensors in 'other' belong to no module the model's structure names (README: how components " \
+                  "are found); map them with a parameters file's components: patterns if that is wrong."
     return Finding("dtype.census", "pass", f"Dtype census of the {census.label} model", detail, evidence)
 
 
