@@ -42,9 +42,12 @@ def cache_dir() -> Path:
     return Path(root) / "header-maps"
 
 
+SCHEMA = b"2"  # bumped when what a map holds or how components are found changes: older entries are rebuilt
+
+
 def fingerprint(model_dir: Path, keys: Iterable[str], trust_remote_code: bool) -> str:
     digest = hashlib.sha256()
-    for part in (Path(model_dir, "config.json").read_bytes(), _release("transformers").encode(),
+    for part in (SCHEMA, Path(model_dir, "config.json").read_bytes(), _release("transformers").encode(),
                  str(bool(trust_remote_code)).encode(), "\n".join(sorted(set(keys))).encode()):
         digest.update(len(part).to_bytes(8, "little"))
         digest.update(part)
