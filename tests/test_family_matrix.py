@@ -105,6 +105,7 @@ def test_qlora_upcast_is_intentional_on_a_healthy_family(family, name):
     finding = report.finding()
     assert finding.verdict == "info", finding.detail
     assert f"peft {version('peft')}'s prepare_model_for_kbit_training" in finding.detail
+    assert finding.evidence["intentional_upcast_by"] == f"peft {version('peft')}: prepare_model_for_kbit_training"
     assert report.suspicious == []
 
 

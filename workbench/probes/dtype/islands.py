@@ -26,7 +26,6 @@ from workbench.findings import Finding
 from workbench.report.text import TextRepr
 
 
-
 def is_rotary_module(module: nn.Module) -> bool:
     """A rotary position embedding: transformers' `*RotaryEmbedding` classes all set `rope_type` (a str, or a dict
     per layer type for Gemma 3); remote-code ones keep the class name."""
@@ -58,6 +57,7 @@ class Islands(TextRepr):
     quantized: bool
     tied: dict[str, str] = dataclasses.field(default_factory=dict)  # alias -> canonical: one tensor, listed once
     half_precision: list[str] = dataclasses.field(default_factory=list)  # k-bit: non-quantized fp16/bf16 params
+    kbit_upcast: str | None = None  # "peft 0.21.2: prepare_model_for_kbit_training" when its fp32 state is intact
 
     @property
     def suspicious(self) -> list[Island]:
@@ -91,6 +91,8 @@ class Islands(TextRepr):
             evidence["tied"] = tied_notes(self.tied)
         if self.half_precision:
             evidence["half_precision_parameters"] = self.half_precision[:20]
+        if self.kbit_upcast:
+            evidence["intentional_upcast_by"] = self.kbit_upcast
         if not self.islands:
             return Finding("dtype.fp32_islands", "pass", f"Every floating tensor is {self.compute_dtype}",
                            "No parameter or buffer differs from the compute dtype.", evidence)
@@ -162,9 +164,10 @@ def _adapter_parameter_names(model: nn.Module) -> set[str]:
 HALF = (torch.float16, torch.bfloat16)
 
 
-def kbit_upcast_reason(model: nn.Module, adapter_names: set[str], compute_dtype: torch.dtype) -> tuple[str | None,
-                                                                                                        list[str]]:
-    """(why the fp32 parameters of a k-bit model are intentional, or None; the non-quantized fp16/bf16 parameters).
+def kbit_upcast_reason(model: nn.Module, adapter_names: set[str],
+                       compute_dtype: torch.dtype) -> tuple[str | None, list[str], str]:
+    """(why the fp32 parameters of a k-bit model are intentional, or None; the non-quantized fp16/bf16 parameters;
+    the peft release named as evidence).
 
     peft's `prepare_model_for_kbit_training` casts every parameter that is fp16/bf16 and not a packed `Params4bit`
     to fp32 (peft/utils/other.py): its result has no half-precision parameter left outside the k-bit layers, and
@@ -185,18 +188,18 @@ def kbit_upcast_reason(model: nn.Module, adapter_names: set[str], compute_dtype:
             half.append(name)
         elif p.dtype == torch.float32:
             fp32 += 1
-    if half or not fp32:
-        return None, half
     try:
         from importlib.metadata import version
 
         peft = f"peft {version('peft')}"
     except Exception:  # noqa: BLE001 - peft absent: the state is still the one its function leaves
         peft = "peft"
+    if half or not fp32:
+        return None, half, peft
     return (f"k-bit model with all {fp32} non-quantized parameters in fp32, the state {peft}'s "
             "prepare_model_for_kbit_training leaves on purpose (it casts every non-quantized fp16/bf16 parameter "
             f"to fp32): activations stay fp32 between the k-bit layers, which compute in {dtype_name(compute_dtype)} "
-            "and return their input's dtype, so no fp32 output meets a half-precision weight"), half
+            "and return their input's dtype, so no fp32 output meets a half-precision weight"), half, peft
 
 
 def returns_input_dtype(module: nn.Module, compute_dtype: torch.dtype) -> bool:
@@ -232,7 +235,7 @@ def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
     keep_fp32 = keep_in_fp32_matcher(inner)
     adapter_names = _adapter_parameter_names(model)
     quantized = bool(getattr(inner, "is_loaded_in_4bit", False) or getattr(inner, "is_loaded_in_8bit", False))
-    kbit_reason, half = kbit_upcast_reason(model, adapter_names, compute_dtype) if quantized else (None, [])
+    kbit_reason, half, peft = kbit_upcast_reason(model, adapter_names, compute_dtype) if quantized else (None, [], "")
     islands: list[Island] = []
     seen: set[int] = set()  # a tied parameter (lm_head.weight is embed_tokens.weight) is one island, not two
     for mod_name, module in model.named_modules():
@@ -268,4 +271,5 @@ def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
                                   subtree_frozen, why))
     # frozen modules first, buffers before parameters: the seeds' and FSDP's leaks come from there
     islands.sort(key=lambda i: (i.intentional is not None, not i.module_frozen, i.kind != "buffer", i.name))
-    return Islands(dtype_name(compute_dtype), islands, quantized, tied_aliases(model), half)
+    upcast = f"{peft}: prepare_model_for_kbit_training" if kbit_reason else None
+    return Islands(dtype_name(compute_dtype), islands, quantized, tied_aliases(model), half, upcast)
