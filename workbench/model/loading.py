@@ -91,7 +91,8 @@ def config_dtype(config) -> torch.dtype:
 
 
 def meta_model(config, dtype: torch.dtype | None = None, quantization_config=None):
-    """An empty model on the meta device, built as from_pretrained builds it (quantizer included): no weight read.
+    """An empty model on the meta device, built as from_pretrained builds it (quantizer included, tied weights
+    tied): no weight read.
 
     Returns (model, hf_quantizer or None). A 72B skeleton builds in well under a second.
     """
@@ -107,6 +108,8 @@ def meta_model(config, dtype: torch.dtype | None = None, quantization_config=Non
 
             hf_quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
             hf_quantizer.preprocess_model(model=model, dtype=dtype, device_map={"": "cpu"}, checkpoint_files=None)
+    if hasattr(model, "tie_weights"):  # from_pretrained ties after loading: lm_head IS embed_tokens when tied
+        model.tie_weights()
     return model, hf_quantizer
 
 

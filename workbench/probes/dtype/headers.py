@@ -46,6 +46,7 @@ class CheckpointResult(TextRepr):
         unmapped = [k for c in self.censuses for k in c.unmapped]
         note = f"<p>Header-only census: {reads:,} bytes read, no weight loaded; keys mapped via " \
                f"{esc(self.censuses[0].key_mapping) if self.censuses else '-'}.</p>"
+        note += "".join(f"<p>{esc(c.tied_note())}</p>" for c in self.censuses if c.tied)
         if unmapped:
             note += f"<p>Keys matched to no module (counted as other): {esc(', '.join(unmapped[:8]))}</p>"
         return findings_table(self.findings()) + note + frame_html(self.to_frame())
@@ -67,6 +68,7 @@ def checkpoint_probe(target) -> CheckpointResult:
     classifier = found.classifier(component_overrides(target))
     censuses = [static_census(insp, classifier.component_of,
                               (lambda k: found.map_key(adapter_key(k))) if role == "adapter" else found.map_key,
-                              found.how, source=f"{role}: {Path(folder).name}")
+                              found.how, source=f"{role}: {Path(folder).name}",
+                              tied=found.tied if role != "adapter" else None)
                 for (role, folder), insp in zip(folders, inspections)]
     return CheckpointResult(inspections, censuses)
