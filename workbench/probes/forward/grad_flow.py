@@ -32,14 +32,10 @@ def _checkpointing_state(model: nn.Module) -> dict[str, Any]:
     func = next((m._gradient_checkpointing_func for m in inner.modules()
                  if getattr(m, "gradient_checkpointing", False) and hasattr(m, "_gradient_checkpointing_func")), None)
     reentrant = getattr(func, "keywords", {}).get("use_reentrant") if func is not None else None
-    hooked = False
-    try:
-        embeddings = inner.get_input_embeddings()
-        # transformers names it make_inputs_require_grads, PEFT make_inputs_require_grad
-        hooked = any(getattr(h, "__name__", "").startswith("make_inputs_require_grad")
-                     for h in embeddings._forward_hooks.values())
-    except (AttributeError, NotImplementedError):
-        pass
+    # transformers names it make_inputs_require_grads, PEFT make_inputs_require_grad; it sits on
+    # get_input_embeddings(), or for an encoder-decoder (T5) on each stack's embed_tokens
+    hooked = any(getattr(h, "__name__", "").startswith("make_inputs_require_grad")
+                 for m in inner.modules() for h in m._forward_hooks.values())
     return {"enabled": func is not None, "use_reentrant": reentrant, "input_grad_hook": hooked}
 
 
