@@ -110,3 +110,17 @@ def test_adapter_loaded_for_inference_is_a_grad_flow_skip(demo):
     target = resolve_target(str(demo.qwen_stage2), setup="plain")
     finding = grad_flow_probe(prepare_model(target), target).findings()[0]
     assert finding.verdict == "skip" and "Nothing is trainable" in finding.detail
+
+
+@pytest.mark.parametrize("name", ["t5", "bert_encoder", "bert_seq_cls"])
+def test_trainer_wrap_and_buffers_fit_the_head(family, name):
+    from workbench.probes.dtype.buffers import mixed_precision_buffer_probe
+    from workbench.probes.parallel.probes import trainer_wrap_probe
+
+    target = resolve_target(str(family(name)), gpus=2)
+    prepared = prepare_model(target)
+    found = by_id([*trainer_wrap_probe(prepared, target).findings(),
+                   *mixed_precision_buffer_probe(prepared, target).findings()])
+    # on 2 GPUs the Trainer wraps an unquantized model in DataParallel: warn while the replica forward survives
+    assert found["parallel.trainer_wrap"].verdict == "warn", found["parallel.trainer_wrap"].detail
+    assert found["forward.mixed_precision_buffers"].verdict == "pass"
