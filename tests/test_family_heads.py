@@ -11,8 +11,8 @@ from workbench.probes.forward.grad_flow import grad_flow_probe
 from workbench.probes.forward.scenarios import forward_scenarios_probe
 from workbench.probes.peft.probes import peft_attribute_probe
 
-FAMILIES = ["llama", "qwen2_tied", "gpt2", "t5", "bert_seq_cls", "bert_token_cls", "bert_encoder", "llava",
-            "qwen2_vl", "gemma3_vlm"]
+# bert_token_cls shares BERT's body with bert_seq_cls; its labels are checked in test_labels_fit_the_head
+FAMILIES = ["llama", "qwen2_tied", "gpt2", "t5", "bert_seq_cls", "bert_encoder", "llava", "qwen2_vl", "gemma3_vlm"]
 PEFT_TASK = {"causal_lm": "CAUSAL_LM", "image_text_to_text": "CAUSAL_LM", "seq2seq_lm": "SEQ_2_SEQ_LM",
              "seq_cls": "SEQ_CLS", "token_cls": "TOKEN_CLS", "encoder": "FEATURE_EXTRACTION"}
 
