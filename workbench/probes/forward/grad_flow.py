@@ -101,7 +101,9 @@ class GradFlowResult(TextRepr):
                             fix if known else "Read the exception; fix the model or the inputs.")]
         trainable = len(self.rows)
         if not trainable:
-            return [Finding("grad.flow", "skip", "No trainable tensor", "Nothing is trainable in this set-up.",
+            return [Finding("grad.flow", "skip", "No trainable tensor",
+                            "Nothing is trainable in this set-up, so no training step was run (the plain set-up "
+                            "loads a model, and an adapter, for inference).",
                             evidence, "Use a LoRA set-up (qlora, sft) or unfreeze what you mean to train.")]
         missing = [r for r in self.rows if r.status != "ok" and not r.expected]
         if missing:
