@@ -134,10 +134,15 @@ def vlm_inputs_from_config(model, config) -> tuple[dict, str] | None:
                     f"12 random text ids; tensors {names}")
 
 
-def processor_vlm_inputs(processor, image, text: str) -> dict | None:
-    """Image + text through a saved multimodal processor (LLaVA, Gemma 3, ...): its own image token in the prompt."""
+def processor_vlm_inputs(processor, image, text: str, image_token_id: int | None = None) -> dict | None:
+    """Image + text through a saved multimodal processor (LLaVA, Gemma 3, ...): its own image token in the prompt.
+    None when the processor's image token is not the one the model's config expects (the config path then builds
+    inputs that fit)."""
     token = getattr(processor, "image_token", None)
     if token is None or getattr(processor, "image_processor", None) is None:
+        return None
+    tokenizer = getattr(processor, "tokenizer", None)
+    if image_token_id is not None and (tokenizer is None or tokenizer.convert_tokens_to_ids(token) != image_token_id):
         return None
     return dict(processor(images=[image], text=[f"{token} {text}"], return_tensors="pt"))
 
@@ -176,7 +181,8 @@ def sample_inputs(model, folder: str | Path, text: str = "What is in this image?
             from workbench.model.loading import load_processor
 
             with contextlib.suppress(Exception):
-                inputs = processor_vlm_inputs(load_processor(folder), image, text)
+                inputs = processor_vlm_inputs(load_processor(folder), image, text,
+                                              _token_id(config, "image_token_id", "image_token_index"))
                 how = "image + text (a red 224x224 image and a question, through the checkpoint's processor)"
         if inputs is None:
             built = vlm_inputs_from_config(inner, config)
