@@ -180,6 +180,8 @@ CHECKS: tuple[Check, ...] = (
        "After one training step, which trainable tensors have a gradient that is None or zero, per component?",
        ("workbench.probes.forward.grad_flow:grad_flow_probe",),
        **{"pass": "every trainable tensor gets a gradient (lora_A zero while lora_B is zero is normal)",
+          "info": "the rest belong to modules whose output never reaches the loss (CLIP's post_layernorm under "
+                  "LLaVA)",
           "fail": "trainable tensors get none; the cause named", "error": "the step itself crashed",
           "skip": "nothing trainable"}),
     _c("forward.mixed_precision_buffers", "04_forward_checks",

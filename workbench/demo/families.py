@@ -110,6 +110,11 @@ def build_family(name: str, parent: str | Path) -> Path:
     torch.manual_seed(0)
     config = family.config()
     config.dtype = family.dtype
-    model = getattr(transformers, family.model_class)(config).to(getattr(torch, family.dtype)).eval()
+    model = getattr(transformers, family.model_class)(config)
+    with torch.no_grad():  # a trained checkpoint has no all-zero weight matrix; transformers initializes some to
+        for param in model.parameters():  # zero (Gemma 3's mm_input_projection_weight), which would cut every
+            if param.ndim >= 2 and not param.any():  # gradient to the vision tower of this random checkpoint
+                param.normal_(0.0, 0.02)
+    model = model.to(getattr(torch, family.dtype)).eval()
     model.save_pretrained(folder)
     return folder

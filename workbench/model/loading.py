@@ -152,7 +152,12 @@ def _from_pretrained(folder, *, quant, dtype, device_map, max_memory, trust_remo
     if not allow_pickle:
         kwargs["use_safetensors"] = True
     quantization_config = bnb_config(quant, compute_dtype=dtype if dtype != torch.float32 else torch.bfloat16)
+    cls = model_class_for(config)
     if quantization_config is not None:
+        from workbench.model.heads import CLASSIFIER_MODULES, head_of_class
+
+        if head_of_class(cls) in ("seq_cls", "token_cls"):  # the head stays trainable (PEFT's modules_to_save)
+            quantization_config.llm_int8_skip_modules = list(CLASSIFIER_MODULES)
         kwargs["quantization_config"] = quantization_config
         device_map = device_map or ({"": 0} if torch.cuda.is_available() else "cpu")
     if device_map is not None:
@@ -161,7 +166,7 @@ def _from_pretrained(folder, *, quant, dtype, device_map, max_memory, trust_remo
         kwargs["max_memory"] = max_memory
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    return model_class_for(config).from_pretrained(str(folder), config=config, **kwargs)
+    return cls.from_pretrained(str(folder), config=config, **kwargs)
 
 
 def load_processor(folder: str | Path):

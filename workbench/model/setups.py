@@ -24,17 +24,34 @@ from workbench.report.text import TextRepr
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def add_fresh_lora(model):
-    """A fresh LoRA on the attention/MLP projections (the seeds' r1 targets), or on every linear layer for
-    architectures that name them otherwise (GPT-2's c_attn, ...)."""
-    from peft import LoraConfig, get_peft_model
+def lora_config_for(model, **overrides):
+    """The LoraConfig a fresh LoRA on this model takes: the PEFT task type that fits its head
+    (workbench.model.heads: CAUSAL_LM, SEQ_2_SEQ_LM, SEQ_CLS, TOKEN_CLS, FEATURE_EXTRACTION), on the attention/MLP
+    projections where the model names them q_proj ... down_proj (the seeds' r1 targets), else on every linear
+    layer that exists ("all-linear": nn.Linear and GPT-2's Conv1D; PEFT leaves out the output embedding), the
+    classification head excluded (PEFT trains it fully through modules_to_save)."""
+    from peft import LoraConfig
 
-    try:
-        return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS,
-                                                task_type="CAUSAL_LM"))
-    except ValueError:  # "Target modules ... not found in the base model"
-        return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
-                                                task_type="CAUSAL_LM"))
+    from workbench.model.heads import PEFT_TASK_TYPES, head_kind
+
+    head = head_kind(model)
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    options: dict[str, Any] = dict(r=8, lora_alpha=16, task_type=PEFT_TASK_TYPES[head])
+    if names & set(LORA_TARGETS):
+        options["target_modules"] = [t for t in LORA_TARGETS if t in names]
+    else:
+        options["target_modules"] = "all-linear"
+        if head in ("seq_cls", "token_cls"):
+            options["exclude_modules"] = [n for n in ("classifier", "score") if n in names] or None
+    options.update(overrides)
+    return LoraConfig(**options)
+
+
+def add_fresh_lora(model):
+    """A fresh LoRA that fits the model's head and names its layers (`lora_config_for`)."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config_for(model))
 
 
 def _load(checkpoint, quant="none", dtype=None, device_map=None, max_memory=None, trust_remote_code=False,
@@ -95,7 +112,7 @@ def sft(checkpoint: str, adapter: str | None = None, quant: str = "none", **opti
     import tempfile
 
     from datasets import Dataset
-    from peft import LoraConfig, PeftModel
+    from peft import PeftModel
     from trl import SFTConfig, SFTTrainer
 
     model = _load(checkpoint, quant=quant, **options)
@@ -107,7 +124,7 @@ def sft(checkpoint: str, adapter: str | None = None, quant: str = "none", **opti
     if adapter:
         model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
     else:
-        peft_config = LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+        peft_config = lora_config_for(model)
     bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
     with tempfile.TemporaryDirectory(prefix="workbench-sft-") as out:
         args = SFTConfig(output_dir=out, report_to=[], bf16=bf16, use_cpu=not torch.cuda.is_available(),

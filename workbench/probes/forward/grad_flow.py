@@ -32,14 +32,10 @@ def _checkpointing_state(model: nn.Module) -> dict[str, Any]:
     func = next((m._gradient_checkpointing_func for m in inner.modules()
                  if getattr(m, "gradient_checkpointing", False) and hasattr(m, "_gradient_checkpointing_func")), None)
     reentrant = getattr(func, "keywords", {}).get("use_reentrant") if func is not None else None
-    hooked = False
-    try:
-        embeddings = inner.get_input_embeddings()
-        # transformers names it make_inputs_require_grads, PEFT make_inputs_require_grad
-        hooked = any(getattr(h, "__name__", "").startswith("make_inputs_require_grad")
-                     for h in embeddings._forward_hooks.values())
-    except (AttributeError, NotImplementedError):
-        pass
+    # transformers names it make_inputs_require_grads, PEFT make_inputs_require_grad; it sits on
+    # get_input_embeddings(), or for an encoder-decoder (T5) on each stack's embed_tokens
+    hooked = any(getattr(h, "__name__", "").startswith("make_inputs_require_grad")
+                 for m in inner.modules() for h in m._forward_hooks.values())
     return {"enabled": func is not None, "use_reentrant": reentrant, "input_grad_hook": hooked}
 
 
@@ -63,6 +59,8 @@ class GradFlowResult(TextRepr):
     error: str | None
     checkpointing: dict[str, Any]
     has_pixels: bool
+    inputs_how: str = ""
+    unused: list[str] = dataclasses.field(default_factory=list)  # trainable tensors whose module never ran
 
     def to_frame(self):
         import pandas as pd
@@ -92,7 +90,8 @@ class GradFlowResult(TextRepr):
         evidence: dict[str, Any] = {"loss": self.loss, "checkpointing": self.checkpointing,
                                     "per_component": self.summary(),
                                     "missing": [r.as_row() for r in self.rows if r.status != "ok" and not r.expected][:40],
-                                    "expected_zero": sum(1 for r in self.rows if r.expected)}
+                                    "expected_zero": sum(1 for r in self.rows if r.expected and r.status == "zero"),
+                                    "inputs": self.inputs_how, "never_run": self.unused[:40]}
         if self.error:
             cause, fix = self._cause([])
             known = "does not require grad" in self.error
@@ -102,7 +101,9 @@ class GradFlowResult(TextRepr):
                             fix if known else "Read the exception; fix the model or the inputs.")]
         trainable = len(self.rows)
         if not trainable:
-            return [Finding("grad.flow", "skip", "No trainable tensor", "Nothing is trainable in this set-up.",
+            return [Finding("grad.flow", "skip", "No trainable tensor",
+                            "Nothing is trainable in this set-up, so no training step was run (the plain set-up "
+                            "loads a model, and an adapter, for inference).",
                             evidence, "Use a LoRA set-up (qlora, sft) or unfreeze what you mean to train.")]
         missing = [r for r in self.rows if r.status != "ok" and not r.expected]
         if missing:
@@ -113,11 +114,18 @@ class GradFlowResult(TextRepr):
                             "Gradients None or zero by component: "
                             + ", ".join(f"{k}: {v}" for k, v in self.summary().items()) + f". Cause: {cause}.",
                             evidence, fix)]
-        expected = sum(1 for r in self.rows if r.expected)
-        return [Finding("grad.flow", "pass", f"All {trainable} trainable tensors receive a gradient",
+        expected = sum(1 for r in self.rows if r.expected and r.status == "zero")
+        unused = len(self.unused)
+        title = (f"All {trainable} trainable tensors receive a gradient" if not unused else
+                 f"All {trainable - unused} trainable tensors on the forward path receive a gradient")
+        return [Finding("grad.flow", "info" if unused else "pass", title,
                         f"loss {self.loss:.4f}" + (f"; {expected} lora_A gradients are exactly zero because their "
                                                    "lora_B is still zero (normal on a fresh LoRA's first step)"
-                                                   if expected else ""), evidence)]
+                                                   if expected else "")
+                        + (f"; {unused} belong to modules whose output never reaches the loss in this "
+                           f"architecture (e.g. {self.unused[0]}): they cannot learn — freeze them, or under DDP "
+                           "pass find_unused_parameters=True" if unused else "")
+                        + (f". Inputs: {self.inputs_how}" if self.inputs_how else ""), evidence)]
 
     def _repr_html_(self) -> str:
         import pandas as pd
@@ -132,6 +140,13 @@ class GradFlowResult(TextRepr):
             if not bad.empty else "")
 
 
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return next((v for v in values if isinstance(v, torch.Tensor)), None)
+
+
 def _role(name: str) -> str:
     return "lora_A" if ".lora_A." in name else "lora_B" if ".lora_B." in name else "other"
 
@@ -143,13 +158,17 @@ def _lora_b_is_zero(model: nn.Module, a_name: str) -> bool:
 
 
 def grad_flow_probe(prepared, target) -> GradFlowResult:
+    from workbench.model.heads import loss_of
     from workbench.model.inputs import sample_inputs
     from workbench.probes.dtype.islands import compute_dtype_of
-    from workbench.probes.forward.scenarios import device_type_of, with_labels
+    from workbench.probes.forward.scenarios import device_type_of, labels_how, with_labels
 
     model = prepared.model
-    inputs, _how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
+    if not any(p.requires_grad for p in model.parameters()):  # e.g. an adapter loaded for inference (plain)
+        return GradFlowResult([], None, None, _checkpointing_state(model), False, "no step run: nothing trainable")
+    inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
     inputs = with_labels(model, inputs)
+    how = f"{how}; {labels_how(model, inputs)}"
     classifier = ComponentClassifier.from_model(model)
     was_training = model.training
     model.train()
@@ -166,10 +185,27 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
                 seen[name] = ("ok" if norm > 0 else "zero", norm)
                 param.grad = None
             handles.append(p.register_post_accumulate_grad_hook(record))
+    # where each module holding trainable tensors sits on the graph: never run, run with an output that never
+    # reaches the loss (the architecture's choice: CLIP's post_layernorm under LLaVA, which reads hidden states), or
+    # run detached (no_grad, reentrant checkpointing without input grads: a real break, left to the findings)
+    holders = {id(m) for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))}
+    ran: set[int] = set()
+    reached: dict[int, bool] = {}
+
+    def watch(module, _args, output):
+        ran.add(id(module))
+        tensor = _first_tensor(output)
+        if tensor is not None and tensor.requires_grad:
+            reached.setdefault(id(module), False)
+            tensor.register_hook(lambda grad, key=id(module): reached.__setitem__(key, True))
+
+    for module in model.modules():
+        if id(module) in holders:
+            handles.append(module.register_forward_hook(watch))
     try:
         with torch.autocast(device_type_of(model), dtype=compute_dtype_of(model)):
             out = model(**inputs)
-        loss = out.loss if getattr(out, "loss", None) is not None else out.logits.float().mean()
+        loss = loss_of(out)
         loss_value = float(loss.detach().float())
         loss.backward()
     except Exception as exc:  # noqa: BLE001 - e.g. "element 0 of tensors does not require grad"
@@ -178,15 +214,26 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
         model.train(was_training)
         for handle in handles:
             handle.remove()
-    rows = []
+    has_pixels = "pixel_values" in inputs
+    owners = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
+    rows, unused = [], []
     if error is None:
         for name, p in model.named_parameters():
             if not p.requires_grad:
                 continue
             status, norm = seen.get(name, ("none", None))
             role = _role(name)
+            component = classifier.component_of(name)
             expected = ("lora_B is all zeros on the first step" if status == "zero" and role == "lora_A"
                         and _lora_b_is_zero(model, name) else None)
-            rows.append(GradRow(normalize_name(name), classifier.component_of(name), role, status, norm, expected))
+            owner = owners.get(id(p))
+            if status == "none" and owner is not None and (has_pixels or component != "vision"):
+                if id(owner) not in ran:
+                    expected = "its module never runs in this model's forward"
+                elif reached.get(id(owner)) is False:
+                    expected = "its module runs but its output never reaches the loss"
+                if expected:
+                    unused.append(normalize_name(name))
+            rows.append(GradRow(normalize_name(name), component, role, status, norm, expected))
     model.zero_grad(set_to_none=True)
-    return GradFlowResult(rows, loss_value, error, _checkpointing_state(model), "pixel_values" in inputs)
+    return GradFlowResult(rows, loss_value, error, _checkpointing_state(model), has_pixels, how, unused)

@@ -236,8 +236,12 @@ class ForwardResult(TextRepr):
 
 
 def with_labels(model: nn.Module, inputs: dict) -> dict:
-    """Add causal-LM labels when the model's forward takes them."""
+    """Add labels that fit the head (workbench.model.heads) when the model's forward takes them: the input ids for
+    a causal / image-text / seq2seq LM, one class per row for sequence classification, one class per token for
+    token classification, none for a bare model."""
     import inspect
+
+    from workbench.model.heads import labels_for
 
     if "labels" in inputs or "input_ids" not in inputs:
         return inputs
@@ -246,8 +250,22 @@ def with_labels(model: nn.Module, inputs: dict) -> dict:
     except (TypeError, ValueError):
         return inputs
     if "labels" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return {**inputs, "labels": inputs["input_ids"].clone()}
+        labels = labels_for(model, inputs)
+        if labels is not None:
+            return {**inputs, "labels": labels}
     return inputs
+
+
+def labels_how(model: nn.Module, inputs: dict) -> str:
+    """How the labels of a batch were made, for the report."""
+    from workbench.model.heads import DESCRIPTIONS, head_kind
+
+    head = head_kind(model)
+    if "labels" not in inputs:
+        return f"{DESCRIPTIONS[head]} head: no labels (loss from the mean of its outputs)"
+    shape = list(inputs["labels"].shape)
+    what = {"seq_cls": "one class per row", "token_cls": "one class per token"}.get(head, "labels = input_ids")
+    return f"{DESCRIPTIONS[head]} head: {what} {shape}"
 
 
 def forward_scenarios_probe(prepared, target) -> ForwardResult:
@@ -258,6 +276,7 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
     compute = compute_dtype_of(model)
     inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
     inputs = with_labels(model, inputs)
+    how = f"{how}; {labels_how(model, inputs)}"
     cells = run_matrix(model, inputs, compute)
     failing = next((c for c in cells if not c.ok), None)
     chosen = failing or Cell("as prepared", "train", "no autocast", True)

@@ -165,7 +165,10 @@ def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
     if headline.wraps_data_parallel or any(r["wraps_data_parallel"] for r in releases):
         from workbench.model.inputs import sample_inputs
 
+        from workbench.probes.forward.scenarios import with_labels
+
         inputs, _how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
+        inputs = with_labels(model, inputs)  # the labels that fit the head: T5 cannot run its decoder without them
         replica = replica_forward_check(model, inputs, compute_dtype_of(model))
     baseline = single_gpu_baseline(options["dataset_size"], options["per_device_batch"], options["accumulation"])
     installed = transformers.__version__

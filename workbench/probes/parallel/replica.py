@@ -40,7 +40,9 @@ def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) ->
     try:
         with torch.no_grad():
             out = model(**inputs)
-        logits = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else out)
+        logits = getattr(out, "logits", None)
+        if logits is None:  # a bare model: its last_hidden_state
+            logits = out[0] if isinstance(out, (tuple, list, dict)) else out
         return ForwardOutcome(scenario, True, active, str(logits.dtype).removeprefix("torch."))
     except Exception as exc:  # noqa: BLE001 - the failing forward is the evidence
         return ForwardOutcome(scenario, False, active, None, f"{type(exc).__name__}: {str(exc)[:300]}")
