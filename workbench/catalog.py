@@ -142,8 +142,9 @@ CHECKS: tuple[Check, ...] = (
        **{"pass": "complete and consistent", "warn": "loads, with oddities (stray files, mixed .bin)",
           "fail": "damaged: missing shard, truncated file, lying header"}),
     _c("dtype.census", "01_dtype_distribution",
-       "Which dtypes do the parameters and buffers have, per component (vision / language / head / other), as the "
-       "set-up loads them, beside the header census?", (f"{_DTYPE}:loaded_census_probe",),
+       "Which dtypes do the parameters and buffers have, per component found from the model's structure (vision / "
+       "projector / language / encoder / decoder / head), as the set-up loads them, beside the header census? "
+       "Tied tensors are counted once.", (f"{_DTYPE}:loaded_census_probe",),
        **{"pass": "the census (always; it is evidence, not a verdict)"}),
     _c("dtype.quantized_census", "01_dtype_distribution",
        "What does the census look like under 4-bit and 8-bit: predicted on the meta device by transformers' own "
@@ -153,7 +154,9 @@ CHECKS: tuple[Check, ...] = (
     _c("dtype.fp32_islands", "01_dtype_distribution",
        "Which floating tensors differ from the compute dtype, frozen modules and buffers first?",
        (f"{_DTYPE}:fp32_island_probe",),
-       **{"pass": "none", "info": "only intentional ones (rotary, _keep_in_fp32_modules, PEFT's fp32 adapters)",
+       **{"pass": "none", "info": "only intentional or contained ones (rotary buffers, _keep_in_fp32_modules, PEFT's "
+                                  "fp32 adapters, prepare_model_for_kbit_training's upcast, norms that return their "
+                                  "input's dtype)",
           "warn": "islands that can promote activations"}),
     _c("parallel.trainer_wrap", "02_dataparallel",
        "Will the installed transformers.Trainer wrap the model in nn.DataParallel with N GPUs; effective n_gpu, "
