@@ -113,8 +113,20 @@ def meta_model(config, dtype: torch.dtype | None = None, quantization_config=Non
     return model, hf_quantizer
 
 
-def bnb_config(quant: str, compute_dtype: torch.dtype = torch.bfloat16):
-    """The seeds' quantization: nf4 + double quant + bf16 compute for 4-bit; LLM.int8 for 8-bit."""
+def bnb_config(quant: str, compute_dtype: torch.dtype = torch.bfloat16, model_class=None):
+    """The seeds' quantization: nf4 + double quant + bf16 compute for 4-bit; LLM.int8 for 8-bit. Given the model
+    class, a classification head stays unquantized (it is trained: PEFT's modules_to_save), for loads and
+    meta-device predictions alike."""
+    config = _bnb_config(quant, compute_dtype)
+    if config is not None and model_class is not None:
+        from workbench.model.heads import CLASSIFIER_MODULES, head_of_class
+
+        if head_of_class(model_class) in ("seq_cls", "token_cls"):
+            config.llm_int8_skip_modules = list(CLASSIFIER_MODULES)
+    return config
+
+
+def _bnb_config(quant: str, compute_dtype: torch.dtype):
     from transformers import BitsAndBytesConfig
 
     if quant == "4bit":
@@ -151,13 +163,10 @@ def _from_pretrained(folder, *, quant, dtype, device_map, max_memory, trust_remo
     kwargs: dict[str, Any] = dict(dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code)
     if not allow_pickle:
         kwargs["use_safetensors"] = True
-    quantization_config = bnb_config(quant, compute_dtype=dtype if dtype != torch.float32 else torch.bfloat16)
     cls = model_class_for(config)
+    quantization_config = bnb_config(quant, compute_dtype=dtype if dtype != torch.float32 else torch.bfloat16,
+                                     model_class=cls)
     if quantization_config is not None:
-        from workbench.model.heads import CLASSIFIER_MODULES, head_of_class
-
-        if head_of_class(cls) in ("seq_cls", "token_cls"):  # the head stays trainable (PEFT's modules_to_save)
-            quantization_config.llm_int8_skip_modules = list(CLASSIFIER_MODULES)
         kwargs["quantization_config"] = quantization_config
         device_map = device_map or ({"": 0} if torch.cuda.is_available() else "cpu")
     if device_map is not None:

@@ -133,10 +133,11 @@ def keep_in_fp32_matcher(model: nn.Module):
 def predicted_quantized_census(config, quant: str, dtype: torch.dtype | None = None,
                                overrides: Mapping[str, Iterable[str]] | None = None) -> DtypeCensus:
     """What `from_pretrained(quantization_config=...)` will hold, predicted on the meta device (no weight read)."""
-    from workbench.model.loading import bnb_config, config_dtype, meta_model
+    from workbench.model.loading import bnb_config, config_dtype, meta_model, model_class_for
 
     dtype = dtype or config_dtype(config)
-    qconfig = bnb_config(quant, compute_dtype=dtype if dtype != torch.float32 else torch.bfloat16)
+    qconfig = bnb_config(quant, compute_dtype=dtype if dtype != torch.float32 else torch.bfloat16,
+                         model_class=model_class_for(config))
     skeleton, hf_quantizer = meta_model(config, dtype, qconfig)
     if quant == "4bit":
         storage = getattr(qconfig, "bnb_4bit_quant_storage", None) or torch.uint8

@@ -55,9 +55,9 @@ def predict_device_map(config, spec: str, gpus: int, max_memory: dict, quant: st
                        dtype=None) -> DeviceMapSummary:
     from transformers.integrations.accelerate import _get_device_map
 
-    from workbench.model.loading import bnb_config, meta_model
+    from workbench.model.loading import bnb_config, meta_model, model_class_for
 
-    skeleton, hf_quantizer = meta_model(config, dtype, bnb_config(quant))
+    skeleton, hf_quantizer = meta_model(config, dtype, bnb_config(quant, model_class=model_class_for(config)))
     budget = {k: v for k, v in max_memory.items() if not isinstance(k, int) or k < gpus}
     try:
         device_map = _get_device_map(skeleton, spec, budget, hf_quantizer)
