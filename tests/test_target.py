@@ -80,4 +80,7 @@ def test_the_shipped_parameters_file_is_valid():
     from pathlib import Path
 
     params = load_params(Path(__file__).resolve().parents[1] / "parameters" / "defaults.yaml")
-    assert params["dataset_size"] == 272 and params["real_quant_max_bytes"] == 2 * 1024**3
+    from workbench.probes.dtype.probes import DEFAULT_REAL_QUANT_MAX_BYTES
+
+    # the shipped file documents the code's default (issue 15: the prediction is the answer; verify only when cheap)
+    assert params["dataset_size"] == 272 and params["real_quant_max_bytes"] == DEFAULT_REAL_QUANT_MAX_BYTES
