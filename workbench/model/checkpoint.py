@@ -151,12 +151,11 @@ class StaticCensus(TextRepr):
 
         return pd.DataFrame(self.rows, columns=["source", "component", "dtype", "tensors", "elements", "bytes"])
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import frame_html
+    def display(self):
+        from workbench.report.display import Display, Paragraph, Table
 
-        note = (f"<p>Read {self.bytes_read:,} header bytes; no weight was loaded. Keys mapped via "
-                f"{self.key_mapping}.</p>")
-        return note + frame_html(self.to_frame())
+        return Display(Paragraph(f"Read {self.bytes_read:,} header bytes; no weight was loaded. Keys mapped via "
+                                 f"{self.key_mapping}."), Table.from_frame(self.to_frame()))
 
     def dtypes_by_component(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = defaultdict(dict)

@@ -75,11 +75,13 @@ class DtypeCensus(TextRepr):
         ax.figure.tight_layout()
         return ax.figure
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, figure_html, frame_html
+    def display(self):
+        from workbench.report.display import Details, Display, Heading, Paragraph, Table
+        from workbench.report.html import figure
 
-        return (f"<h4>{esc(self.label)}</h4><p>{esc(self.summary())}</p>" + figure_html(self.plot())
-                + "<details><summary>table</summary>" + frame_html(self.to_frame()) + "</details>")
+        return Display(Heading(self.label), Paragraph(self.summary()),
+                       figure(self.plot(), f"{self.label}: tensors per component by dtype"),
+                       Details("table", Table.from_frame(self.to_frame())))
 
 
 def _count(rows: dict, component: str, kind: str, dtype: str, elements: int, nbytes: int, trainable: bool) -> None:
