@@ -22,7 +22,7 @@ import html as _html
 import math
 import numbers
 import re
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable, Sequence, Union
 
 from workbench.report.text import MAX_CELL, format_table
 
@@ -182,13 +182,13 @@ class Details(Node):
 
 
 class Figure(Node):
-    """A drawing our code made (an inline PNG, an SVG), shown in text as its alternative."""
+    """A drawing our code made (an SVG, or a function that draws a PNG), shown in text as its alternative."""
 
-    def __init__(self, markup: str, alt: str) -> None:
+    def __init__(self, markup: str | Callable[[], str], alt: str) -> None:
         self.markup, self.alt = markup, alt
 
     def html(self) -> str:
-        return self.markup
+        return self.markup() if callable(self.markup) else self.markup
 
     def text(self) -> str:
         return f"[figure: {self.alt}]" if self.alt else ""

@@ -5,7 +5,7 @@ They are built from `workbench.report.display`, which escapes everything interpo
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from workbench.findings import Finding, sort_findings
 from workbench.report.display import Badge, Bold, Code, Details, Figure, Inline, Italic, Line, Link, Pre, Table, esc
@@ -37,15 +37,19 @@ def findings_table(findings: Iterable[Finding], link_notebooks: bool = False) ->
     return findings_block(findings, link_notebooks).html()
 
 
-def figure(fig, alt: str) -> Figure:
-    """A matplotlib figure as an inline PNG: static, offline, no widget needed."""
-    import base64
-    import io
+def figure(draw: Callable[[], Any], alt: str) -> Figure:
+    """What `draw()` plots (a matplotlib figure) as an inline PNG: static, offline, no widget needed.
 
-    import matplotlib.pyplot as plt
+    Drawn only when the HTML is asked for: the text view shows `alt` and needs no matplotlib."""
+    def png() -> str:
+        import base64
+        import io
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return Figure(f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}"/>',
-                  alt)
+        import matplotlib.pyplot as plt
+
+        fig, buf = draw(), io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        return f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}"/>'
+
+    return Figure(png, alt)

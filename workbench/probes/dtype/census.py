@@ -80,7 +80,7 @@ class DtypeCensus(TextRepr):
         from workbench.report.html import figure
 
         return Display(Heading(self.label), Paragraph(self.summary()),
-                       figure(self.plot(), f"{self.label}: tensors per component by dtype"),
+                       figure(self.plot, f"{self.label}: tensors per component by dtype"),
                        Details("table", Table.from_frame(self.to_frame())))
 
 

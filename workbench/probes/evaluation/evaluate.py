@@ -300,18 +300,15 @@ class EvaluationResult(TextRepr):
                         {"recipes": {n: f.evidence for n, f in per}}, worst.fix)]
 
     # --- display ------------------------------------------------------------------------------------------------
-    def chart(self):
+    def plot(self, rows: list[dict[str, Any]]):
+        """The table's metric columns as grouped bars, one group per recipe row."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from workbench.report.html import figure
         from workbench.probes.evaluation.metrics import TABLE_COLUMNS
 
-        rows = [r for r in self.table() if r["Mean IoU"] is not None]
-        if not rows:
-            return None
         labels = list(TABLE_COLUMNS.values())
         fig, ax = plt.subplots(figsize=(8, 3.2))
         width = 0.8 / len(labels)
@@ -322,12 +319,16 @@ class EvaluationResult(TextRepr):
         ax.legend(fontsize=8, ncols=4, loc="upper left")
         ax.set_title("Recipes on the evaluation set")
         fig.tight_layout()
-        return figure(fig, "the recipes' metrics on the evaluation set, as bars")
+        return fig
 
     def display(self):
         from workbench.report.display import Bold, Code, Details, Display, Heading, Paragraph, Table
-        from workbench.report.html import findings_block
+        from workbench.report.html import figure, findings_block
 
+        table = self.table()
+        scored = [r for r in table if r["Mean IoU"] is not None]
+        chart = (figure(lambda: self.plot(scored), "the recipes' metrics on the evaluation set, as bars")
+                 if scored else None)
         best, reference, metric = self.best()
         best_line = None
         if best is not None:
@@ -346,7 +347,7 @@ class EvaluationResult(TextRepr):
         lineage = [Display(Heading(o.name), o.lineage.display()) for o in self.outcomes if o.lineage is not None]
         placement = [Display(Heading(o.name), o.placement.display()) for o in self.outcomes
                      if o.placement is not None and o.placement.device_map]
-        return Display(findings_block(self.findings()), best_line, Table.from_records(self.table()), self.chart(),
+        return Display(findings_block(self.findings()), best_line, Table.from_records(table), chart,
                        failure_table, Heading(f"Memory per recipe ({self.memory_kind})", level=3),
                        Table.from_records(memory),
                        *([Heading("Adapter lineage", level=3), *lineage] if lineage else []),
