@@ -82,7 +82,7 @@ def test_a_heading_and_a_table_print_as_aligned_text_and_render_as_html():
 
 
 def test_folded_evidence_shows_in_html_and_stays_out_of_text():
-    shown = Display(Paragraph("one ", Code("c")), Table(["x"], [[Bold("y"), ], ["z"]]),
+    shown = Display(Paragraph("one ", Code("c")), Table(["x"], [[Bold("y")], ["z"]]),
                     Details("evidence", Pre("{secret: 1}")))
     assert shown.text() == "one c\n\nx\n-\ny\nz"
     assert "<details><summary>evidence</summary><pre>{secret: 1}</pre></details>" in shown.html()

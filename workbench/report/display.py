@@ -11,9 +11,9 @@ and `repr()` is `display().text()` (terminals, logs, `print`), the pattern of ri
     -----  -
     bf16   3
 
-Every string is escaped in HTML (tensor names, paths and config values come from checkpoints nobody vetted), except
-the markup of `Figure` and `RawHTML`, which our own code draws. What HTML folds under `Details` (evidence,
-tracebacks, long tables) stays out of the text view; a figure appears in text as its text alternative.
+Every string is escaped in HTML (tensor names, paths and config values come from checkpoints nobody vetted),
+except the markup of a `Figure`, which our own code draws (escaping what it labels). What HTML folds under
+`Details` (evidence, tracebacks, long tables) stays out of the text view; a figure shows in text as its alternative.
 """
 
 from __future__ import annotations
@@ -192,19 +192,6 @@ class Figure(Node):
 
     def text(self) -> str:
         return f"[figure: {self.alt}]" if self.alt else ""
-
-
-class RawHTML(Node):
-    """Markup no other block expresses, with what text shows instead. Never for strings from a checkpoint."""
-
-    def __init__(self, markup: str, text: str = "") -> None:
-        self.markup, self.alternative = markup, text
-
-    def html(self) -> str:
-        return self.markup
-
-    def text(self) -> str:
-        return self.alternative
 
 
 class Box(Node):
