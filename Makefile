@@ -55,6 +55,13 @@ demo: install
 test: install
 	$(PY) -m pytest -q
 
+# the inner loop: unit, meta-device and header tests; no notebook run, torchrun, training or browser
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+checks: install
+	$(PY) -m workbench checks
+
 bench: install
 	$(PY) bench/run.py
 

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,47 @@ def demo(tmp_path_factory) -> DemoPaths:
 def demo_recipes(demo) -> DemoRecipes:
     """The demo's four recipes, trained once per test session beside the session's demo (a few minutes)."""
     return build_demo_recipes(demo.root, log=lambda *_: None)
+
+
+@dataclasses.dataclass
+class DemoReport:
+    result: subprocess.CompletedProcess  # the CLI run: stdout, stderr, returncode
+    reports: Path  # the --reports-dir it wrote into
+    folder: Path  # the report folder
+    hashes_before: dict  # every demo checkpoint file's sha256 before the run, and after
+    hashes_after: dict
+
+
+def tree_hashes(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def demo_report(demo, demo_recipes, tmp_path_factory) -> DemoReport:
+    """What `make diagnose` runs, run once per test session and shared by every test that reads a demo report
+    (the end-to-end contract, the browser, nothing-touched): the CLI with no CKPT, on the session's demo cache."""
+    reports = tmp_path_factory.mktemp("demo-reports")
+    checkpoints = (demo.qwen_base, demo.qwen_stage1, demo.qwen_stage2)
+    before = {str(f): tree_hashes(f) for f in checkpoints}
+    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", "--reports-dir", str(reports)],
+                            capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "WORKBENCH_CACHE": str(demo.root.parent)})
+    folders = [p for p in reports.glob("*/*") if p.is_dir()]
+    assert len(folders) == 1, (folders, result.stdout, result.stderr)
+    return DemoReport(result, reports, folders[0], before, {str(f): tree_hashes(f) for f in checkpoints})
+
+
+@pytest.fixture(scope="session")
+def family(tmp_path_factory):
+    """`family("qwen2_tied")` -> the folder of a tiny healthy checkpoint of that family (workbench.demo.families),
+    built once per test session."""
+    from workbench.demo.families import build_family
+
+    parent = tmp_path_factory.mktemp("families")
+    return lambda name: build_family(name, parent)
 
 
 @pytest.fixture

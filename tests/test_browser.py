@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover - requirements.txt pins it
     sync_playwright = None
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: browser tests skipped"),
     pytest.mark.skipif(sync_playwright is None, reason="Playwright is not installed: browser tests skipped"),
 ]
@@ -49,13 +50,9 @@ def page(browser):
 
 
 @pytest.fixture(scope="module")
-def report(demo, tmp_path_factory):
-    reports = tmp_path_factory.mktemp("reports")
-    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(demo.qwen_stage2), "--quant", "4bit",
-                             "--setup", "qlora_trl_legacy", "--gpus", "2", "--notebooks", "01", "02",
-                             "--reports-dir", str(reports)], capture_output=True, text=True, timeout=900)
-    assert result.returncode in (0, 1), result.stderr
-    return Path(result.stdout.strip().splitlines()[-1].removeprefix("report: "))
+def report(demo_report):
+    """The session's demo report (every notebook), shared with the end-to-end tests."""
+    return demo_report.folder
 
 
 def test_index_leads_with_the_verdict_table_and_its_links_resolve(report, page):

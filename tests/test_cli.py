@@ -7,7 +7,7 @@ import pytest
 
 def workbench(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+                          cwd=cwd, timeout=600, stdin=subprocess.DEVNULL)
 
 
 def test_census_reads_headers_only(demo):

@@ -9,6 +9,8 @@ import pytest
 from workbench.distributed.probes import READY_TWICE, distributed_probe, grad_agreement
 from workbench.model.target import resolve_target
 
+pytestmark = pytest.mark.slow  # torchrun ranks / real training: not in the fast tier
+
 
 def verdicts(report):
     return {f.id: f for f in report.findings()}
@@ -150,7 +152,7 @@ def test_diagnose_with_distributed_2_reports_both_checks_in_notebook_06(demo, tm
 
     result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(demo.llama), "--distributed", "2",
                              "--notebooks", "06", "--reports-dir", str(tmp_path)], capture_output=True, text=True,
-                            timeout=600)
+                            timeout=600, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     folder = Path(result.stdout.strip().splitlines()[-1].removeprefix("report: "))
     verdicts = {f["id"]: f["verdict"] for f in json.loads((folder / "findings.json").read_text())["findings"]}

@@ -53,7 +53,8 @@ def test_a_missing_recorded_base_is_an_error_naming_the_path(demo, copy_of, edit
     finding = verdict(report, "adapter.base_model")
     assert finding.verdict == "error" and "gone-stage1" in finding.detail
     result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(adapter), "--notebooks", "05",
-                             "--reports-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+                             "--reports-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=300,
+                            stdin=subprocess.DEVNULL)
     assert result.returncode == 2 and "gone-stage1" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -134,7 +135,7 @@ def test_cli_recipes_flag_refuses_an_unusable_file(tmp_path):
     bad = tmp_path / "r.yaml"
     bad.write_text("recipes: nope")
     result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(tmp_path), "--recipes", str(bad)],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path, stdin=subprocess.DEVNULL)
     assert result.returncode == 2 and "recipes" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "reports").exists()
 

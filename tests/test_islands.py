@@ -30,12 +30,29 @@ def test_planted_fp32_buffer_in_a_frozen_module_is_named_first(demo):
     assert report.suspicious[0].component == "vision" and report.suspicious[0].module_frozen
 
 
-def test_qlora_preparation_upcasts_and_is_explained(demo):
+def test_qlora_preparation_upcasts_on_purpose_and_says_so(demo):
+    from importlib.metadata import version
+
     model = qlora(str(demo.qwen_stage1), adapter=str(demo.qwen_stage2))
     report = fp32_islands(model)
     finding = report.finding()
-    assert finding.verdict == "warn"
-    assert "prepare_model_for_kbit_training" in finding.detail
-    # LoRA weights are fp32 by PEFT's design and are not suspicious
-    assert not any("lora_" in i.name for i in report.suspicious)
+    # prepare_model_for_kbit_training leaves every non-quantized parameter fp32: consistent, intentional
+    assert finding.verdict == "info" and report.suspicious == []
+    assert "prepare_model_for_kbit_training" in finding.detail and f"peft {version('peft')}" in finding.detail
+    # LoRA weights are fp32 by PEFT's design
     assert any("lora_" in i.name and "PEFT" in i.intentional for i in report.islands)
+
+
+def test_legacy_trl_casting_mixes_fp32_norms_with_a_bf16_head_and_warns(demo):
+    from workbench.model.setups import qlora_trl_legacy
+
+    report = fp32_islands(qlora_trl_legacy(str(demo.qwen_stage1), adapter=str(demo.qwen_stage2)))
+    finding = report.finding()
+    assert finding.verdict == "warn"
+    language = [i.name for i in report.suspicious if i.component == "language"]
+    assert language and all(name.endswith("norm.weight") for name in language)  # fp32 norms, before a bf16 head
+    # fp32 biases of 4-bit layers are cast to the compute dtype by bitsandbytes itself: contained, not suspicious
+    assert not any(i.name.endswith(".bias") for i in report.suspicious)
+    assert any((i.intentional or "").startswith("contained: Linear4bit") for i in report.islands)
+    assert "peft_module_casting_to_bf16" in finding.detail
+    assert any("lm_head" in n or "embed_tokens" in n for n in finding.evidence["half_precision_parameters"])

@@ -136,6 +136,7 @@ def test_the_free_loopback_port_can_be_bound():
         s.bind(("127.0.0.1", port))  # raises if somebody holds it
 
 
+@pytest.mark.slow
 def test_make_lab_prints_a_working_url_and_stops_on_ctrl_c(tmp_path):
     import os
     import signal
@@ -144,6 +145,7 @@ def test_make_lab_prints_a_working_url_and_stops_on_ctrl_c(tmp_path):
     import urllib.request
 
     process = subprocess.Popen([sys.executable, "-m", "workbench", "lab"], stdout=subprocess.PIPE, text=True,
+                               stdin=subprocess.DEVNULL,
                                env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path)})
     try:
         url = next(line.strip() for line in process.stdout if "/lab/workspaces/workbench?token=" in line)

@@ -14,6 +14,8 @@ from workbench.demo.training import RECIPES, TrainingSettings, build_recipes, tr
 
 RECIPE_NAMES = ["r1-llm-only", "r2-vision-only", "r3-stage2", "r4-joint"]    # what the seeds' table compares
 
+pytestmark = pytest.mark.slow  # torchrun ranks / real training: not in the fast tier
+
 
 def load_the_standard_way(folder: Path, base: Path | str | None = None):
     """A full checkpoint, or an adapter on the base its adapter_config.json records (or on `base`)."""

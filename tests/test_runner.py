@@ -26,7 +26,8 @@ ALL_CHECKS = (NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOT
 
 def run_cli(*args, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "workbench", "diagnose", *map(str, args)], capture_output=True,
-                          text=True, timeout=900, cwd=cwd, env={**os.environ, **(env or {})})
+                          text=True, timeout=900, cwd=cwd, env={**os.environ, **(env or {})},
+                          stdin=subprocess.DEVNULL)
 
 
 def only_report(reports: Path) -> Path:
@@ -36,12 +37,11 @@ def only_report(reports: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_recipes, tmp_path):
+def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, tmp_path):
     # what `make diagnose` runs: no CKPT -> the demo's stage-2 adapter, 4-bit, QLoRA set-up, 2 GPUs; the session's
-    # demo cache (its recipes already trained) stands in for .cache/demo
-    result = run_cli("--reports-dir", tmp_path / "reports", env={"WORKBENCH_CACHE": str(demo.root.parent)})
+    # demo cache (its recipes already trained) stands in for .cache/demo; one run shared by the session's tests
+    result, folder = demo_report.result, demo_report.folder
     assert result.returncode == 1, result.stdout + result.stderr  # the demo's planted crash is a `fail`
-    folder = only_report(tmp_path / "reports")
     assert result.stdout.strip().splitlines()[-1] == f"report: {folder}"
     assert folder.parent.name == dt.date.today().isoformat()
     report = json.loads((folder / "findings.json").read_text())
@@ -72,8 +72,8 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_recipes,
     index = (folder / "index.html").read_text()
     assert 'href="01_dtype_distribution.html"' in index and "dtype.fp32_islands" in index
     assert report["target"]["quant"] == "4bit" and report["target"]["gpus"] == 2
-    assert not list((tmp_path / "reports").glob("*/.*partial"))
-    assert folder.name in (tmp_path / "reports" / "index.html").read_text()  # the runs index lists it
+    assert not list(demo_report.reports.glob("*/.*partial"))
+    assert folder.name in (demo_report.reports / "index.html").read_text()  # the runs index lists it
     # notebook 05: the trained recipes beat the base, each adapter on the base it records, nothing offloaded
     metrics = next(f for f in report["findings"] if f["id"] == "eval.metrics")
     assert metrics["verdict"] == "pass" and metrics["title"].startswith("Best: r")
@@ -85,6 +85,13 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_recipes,
     assert "r3-stage1" in evaluation and "<svg" in evaluation  # r3-two-stage's lineage chain
     # notebook 06 is not asked for without --distributed
     assert verdicts["distributed.ddp"] == verdicts["distributed.fsdp"] == "skip"
+    # one kernel for the whole diagnosis; what it cost is in the report, and the kernel's chatter is not on the console
+    cost = report["cost"]
+    assert cost["kernels_started"] == 1 and [n["kernel"] for n in report["notebooks"]] == ["shared"] * 6
+    assert cost["model_loads"] == len(cost["loads"]) and cost["peak_rss_bytes"] > 0
+    assert set(cost["notebook_seconds"]) == {n["name"] for n in report["notebooks"]}
+    assert "IPKernelApp" not in result.stdout + result.stderr and (folder / "kernel.log").exists()
+    assert "model loads" in index
 
 
 @pytest.mark.slow
@@ -157,3 +164,29 @@ def test_notebooks_run_side_by_side_only_when_two_copies_fit_easily(demo, monkey
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setattr("workbench.resources.estimated_load_bytes", lambda t: 1000)
     assert parallel_jobs(target, 4) == 1
+
+
+@pytest.mark.slow
+def test_a_plain_diagnosis_costs_two_model_loads_in_one_kernel(demo, tmp_path):
+    # the prepared model (shared by notebooks 01-05) and the raw model the wrapping chain walks; the 4-bit/8-bit
+    # census is the meta-device prediction (a real verifying load only below real_quant_max_bytes)
+    target = resolve_target(str(demo.llama), params={"real_quant_max_bytes": 0})
+    folder, findings = diagnose(target, reports_dir=tmp_path / "reports", echo=lambda line: None)
+    report = json.loads((folder / "findings.json").read_text())
+    assert report["cost"]["model_loads"] == 2 and report["cost"]["kernels_started"] == 1, report["cost"]
+    assert [l["notebook"] for l in report["cost"]["loads"]] == ["01_dtype_distribution", "03_peft_attributes"]
+    assert not [f for f in findings if f.verdict in ("fail", "error")]
+
+
+@pytest.mark.slow
+def test_a_notebook_that_kills_its_kernel_leaves_the_next_a_fresh_one(demo, tmp_path, contract_notebook):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    nbformat.write(contract_notebook("import os\nos._exit(3)", ["dead.check"]), notebooks / "01_dies.ipynb")
+    nbformat.write(contract_notebook("x = 1", []), notebooks / "02_after.ipynb")
+    folder, findings = diagnose(resolve_target(str(demo.llama)), reports_dir=tmp_path / "reports",
+                                notebook_dir=notebooks, echo=lambda line: None)
+    report = json.loads((folder / "findings.json").read_text())
+    assert [(n["status"], n["kernel"]) for n in report["notebooks"]] == [("error", "shared"), ("ok", "fresh")]
+    assert report["cost"]["kernels_started"] == 2
+    assert [f.verdict for f in findings if f.id == "dead.check"] == ["error"]

@@ -39,7 +39,7 @@ class Step:
     """One probe call of a notebook. Its inputs name the target, earlier steps, or the notebook's options.
 
     Input names: `target`; an earlier step's name (a step that could not run makes this one an `error`); the same
-    with a trailing `?` (optional: passed as None when that step could not run); `params.KEY` (the --params
+    with a trailing `?` (optional: None when that step did not run or could not run); `params.KEY` (the --params
     file's value, None when absent); `option.NAME` (a notebook parameter such as `distributed`).
     """
 
@@ -49,6 +49,7 @@ class Step:
     args: tuple[str, ...] = ("target",)
     kwargs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     own_model: bool = False  # loads and frees its own copy: run before the shared model is prepared
+    mutates: bool = False  # changes the shared model (a training step, a cast, a wrap): run under guard.restored
 
     def function(self) -> Callable[..., Any]:
         return resolve_probe(self.probe)
@@ -81,7 +82,7 @@ def resolve_probe(path: str) -> Callable[..., Any]:
 _DTYPE = "workbench.probes.dtype.probes"
 _PARALLEL = "workbench.probes.parallel.probes"
 _PEFT = "workbench.probes.peft.probes"
-_PREPARE = Step("prepared", "prepare the model (set-up)", "workbench.model.setups:prepare_model")
+_PREPARE = Step("prepared", "prepare the model (set-up)", "workbench.model.shared:prepare_shared")
 
 NOTEBOOKS: tuple[NotebookSpec, ...] = (
     NotebookSpec("01_dtype_distribution", "01 · Dtype distribution", "Dtype census", (
@@ -95,7 +96,8 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
     )),
     NotebookSpec("02_dataparallel", "02 · DataParallel detection", "DataParallel", (
         _PREPARE,
-        Step("wrap", "Trainer wrap (DataParallel)", f"{_PARALLEL}:trainer_wrap_probe", ("prepared", "target")),
+        Step("wrap", "Trainer wrap (DataParallel)", f"{_PARALLEL}:trainer_wrap_probe", ("prepared", "target"),
+             mutates=True),
         Step("maps", "device maps", f"{_PARALLEL}:device_map_probe", ("prepared", "target")),
     )),
     NotebookSpec("03_peft_attributes", "03 · PEFT attribute preservation", "Attributes", (
@@ -108,16 +110,17 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
     )),
     NotebookSpec("04_forward_checks", "04 · Forward, dtype flow and gradients", "Forward flow", (
         _PREPARE,
-        Step("grads", "gradient flow", "workbench.probes.forward.grad_flow:grad_flow_probe", ("prepared", "target")),
+        Step("grads", "gradient flow", "workbench.probes.forward.grad_flow:grad_flow_probe", ("prepared", "target"),
+             mutates=True),
         Step("buffers", "mixed-precision buffers", "workbench.probes.dtype.buffers:mixed_precision_buffer_probe",
-             ("prepared", "target")),
+             ("prepared", "target"), mutates=True),
         Step("forward", "forward matrix and dtype flow", "workbench.probes.forward.scenarios:forward_scenarios_probe",
-             ("prepared", "target")),
+             ("prepared", "target"), mutates=True),
     )),
     NotebookSpec("05_evaluation", "05 · Evaluation across recipes", "Evaluation", (
         Step("recipes", "recipes", "workbench.probes.evaluation.recipes:recipes_for", ("target", "params.recipes")),
         Step("evaluation", "evaluation, one recipe at a time", "workbench.probes.evaluation.evaluate:evaluate_recipes",
-             ("recipes", "target"), own_model=True),
+             ("recipes", "target")),  # frees the shared model itself when it must load recipes beside it
     )),
     NotebookSpec("06_distributed", "06 · Distributed: DDP and FSDP2 under torchrun", "Distributed", (
         Step("dist", "DDP and FSDP2 under torchrun", "workbench.distributed.probes:distributed_probe",

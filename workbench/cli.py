@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
     d.add_argument("--allow-pickle", action="store_true",
                    help="load pickle weights (.bin) with torch.load(weights_only=True); refused by default")
-    d.add_argument("--jobs", type=int, default=0,
-                   help="notebooks run side by side (default: 2 on 2+ cores when two model copies fit easily)")
+    d.add_argument("--jobs", type=int, default=1,
+                   help="default 1: every notebook in one kernel, the model loaded once; N > 1: N notebooks side "
+                        "by side, each in its own kernel with its own copy of the model; 0: choose by cores and memory")
     d.add_argument("--cell-timeout", type=int, default=1800,
                    help="seconds one notebook cell may run before it is stopped and marked error (default 1800)")
 
@@ -149,7 +150,7 @@ def cmd_diagnose(args) -> int:
     if args.distributed == 1 or not 0 <= args.distributed <= 64:
         raise UsageError(f"--distributed {args.distributed}: use a number of ranks from 2 to 64 (0: not run)")
     folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=args.notebooks,
-                                cell_timeout=args.cell_timeout, jobs=args.jobs or (1 if args.distributed else None),
+                                cell_timeout=args.cell_timeout, jobs=1 if args.distributed else (args.jobs or None),
                                 extra_parameters={"distributed": args.distributed})
     for f in findings:
         if f.verdict in ("fail", "error"):

@@ -56,14 +56,36 @@ class NotebookSession(TextRepr):
         self.recorder = recorder
         self.options = dict(options)
         self.results: dict[str, Any] = {}
+        import sys
+
+        loading = sys.modules.get("workbench.model.loading")
+        self._loads_at_open = len(loading.LOADS) if loading else 0
 
     def run(self, name: str) -> Any:
         step = self.spec.step(name)
         args = [self._value(a) for a in step.args]
         kwargs = {k: self._value(v) for k, v in step.kwargs.items()}
-        result = self.recorder.run(step.function(), *args, **kwargs)
+        if step.own_model:
+            from workbench.model.shared import make_room_for_a_copy
+
+            make_room_for_a_copy(self.target)
+        prepared = self.results.get("prepared") if step.mutates else None
+        with _guarded(prepared):
+            result = self.recorder.run(step.function(), *args, **kwargs)
         self.results[name] = result
+        self._record_cost()
         return result
+
+    def _record_cost(self) -> None:
+        """What this notebook cost so far: the full loads it made, peak memory of the process."""
+        import resource
+        import sys
+
+        loading = sys.modules.get("workbench.model.loading")
+        loads = loading.LOADS[self._loads_at_open:] if loading else []
+        self.recorder.cost = {"model_loads": loads,
+                              "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        self.recorder.save()
 
     def _value(self, ref: str) -> Any:
         from workbench.recorder import Failed
@@ -75,6 +97,8 @@ class NotebookSession(TextRepr):
         if ref.startswith("option."):
             return self.options[ref.removeprefix("option.")]
         name = ref.rstrip("?")
+        if name not in self.results and ref.endswith("?"):
+            return None  # optional: the step may be skipped
         if name not in self.results:
             raise KeyError(f"step {name!r} has not run in this notebook; run nb.run({name!r}) first")
         value = self.results[name]
@@ -82,6 +106,18 @@ class NotebookSession(TextRepr):
 
     def display(self):
         return self.target.display()
+
+
+def _guarded(prepared):
+    """guard.restored around a step that changes the shared model; nothing when there is no model to guard."""
+    import contextlib
+
+    model = getattr(prepared, "model", None)
+    if model is None:
+        return contextlib.nullcontext()
+    from workbench.model.guard import restored
+
+    return restored(model)
 
 
 def open_notebook(name: str, parameters: Mapping[str, Any] | None = None, **options: Any) -> NotebookSession:

@@ -2,7 +2,7 @@
 
     components:                 # regexes over tensor names, checked before the structural split
       vision: ['^model\\.visual\\.']
-    real_quant_max_bytes: 2000000000   # verify predicted 4/8-bit censuses by a real load below this size
+    real_quant_max_bytes: 134217728    # verify predicted 4/8-bit censuses by a real load below this size
     compare: [path/to/base]     # other checkpoints for the comparison table (headers + predictions only)
 """
 

@@ -56,13 +56,14 @@ class FindingsRecorder(TextRepr):
         self.notebook = notebook
         self.interactive = interactive
         self.findings: list[Finding] = []
-        self._save()
+        self.cost: dict[str, Any] = {}  # what the notebook cost (loads, memory), written beside the findings
+        self.save()
 
     def add(self, *findings: Finding) -> None:
         for f in findings:
             f.notebook = self.notebook
             self.findings = [g for g in self.findings if g.id != f.id or g.verdict == "error"] + [f]
-        self._save()
+        self.save()
 
     def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         step = getattr(func, "__name__", str(func))
@@ -87,8 +88,9 @@ class FindingsRecorder(TextRepr):
         self.add(*findings)
         return result
 
-    def _save(self) -> None:
-        write_json_atomic(self.path, {"notebook": self.notebook,
+    def save(self) -> None:
+        """Rewrite the sidecar (after every probe: a kernel that dies still leaves what was found)."""
+        write_json_atomic(self.path, {"notebook": self.notebook, "cost": self.cost,
                                       "findings": [f.to_dict() for f in sort_findings(self.findings)]})
 
     def display(self):

@@ -8,6 +8,16 @@ from pathlib import Path
 import torch
 
 
+def free_memory() -> None:
+    """Collect garbage and give cached CUDA memory back (what the seeds' evaluation fix did before each model)."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 class ResourceError(RuntimeError):
     """The load would not fit; the message carries both numbers."""
 
@@ -42,6 +52,18 @@ def estimated_load_bytes(target) -> int:
                                             target.quant)
         return sum(r["bytes"] for r in census.rows) + (stored - inspect_checkpoint(target.model_dir).weight_bytes)
     return stored
+
+
+def two_copies_fit_easily(target) -> bool:
+    """Whether two copies of the model sit comfortably in memory: below a quarter of what is free, and small (under
+    2 GB). The rule for running notebooks side by side and for keeping the shared model while a probe loads its own
+    copy; when unsure, no."""
+    try:
+        need = estimated_load_bytes(target)
+        have, _ = available_bytes()
+    except Exception:  # noqa: BLE001 - when unsure, one copy at a time
+        return False
+    return 2 * need < 0.25 * have and need < 2 * 1024**3
 
 
 def check_fits(target) -> None:

@@ -61,7 +61,7 @@ class TrainingSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class Recipe:
+class TrainingRecipe:
     """What one recipe trains: LoRA on the modules matching `lora_targets`, or every parameter under the `full`
     module prefixes. `on`: the recipe whose output is its base (None: the base given to `build_recipes`)."""
 
@@ -75,17 +75,17 @@ class Recipe:
     lr_scale: float = 1.0
 
 
-FORMAT_BASE = Recipe("grounding-base", "the demo base taught the answer format: language model + lm_head, fully, "
+FORMAT_BASE = TrainingRecipe("grounding-base", "the demo base taught the answer format: language model + lm_head, fully, "
                      "on shuffled answers", full=("model.language_model.", "lm_head."), shuffled_answers=True,
                      steps_scale=2 / 3)
 RECIPES = (
-    Recipe("r1-llm-only", "LoRA on the language model", lora_targets=LLM_TARGETS, on=FORMAT_BASE.name),
-    Recipe("r2-vision-only", "LoRA on the vision tower", lora_targets=VISION_TARGETS, on=FORMAT_BASE.name,
+    TrainingRecipe("r1-llm-only", "LoRA on the language model", lora_targets=LLM_TARGETS, on=FORMAT_BASE.name),
+    TrainingRecipe("r2-vision-only", "LoRA on the vision tower", lora_targets=VISION_TARGETS, on=FORMAT_BASE.name,
            steps_scale=2),
-    Recipe("r3-stage1", "full fine-tune of the vision tower", full=("model.visual.",), on=FORMAT_BASE.name,
+    TrainingRecipe("r3-stage1", "full fine-tune of the vision tower", full=("model.visual.",), on=FORMAT_BASE.name,
            lr_scale=0.1),
-    Recipe("r3-stage2", "LoRA on the language model, on r3-stage1", lora_targets=LLM_TARGETS, on="r3-stage1"),
-    Recipe("r4-joint", "LoRA on the vision tower and the language model", lora_targets=f"({VISION_TARGETS})|({LLM_TARGETS})",
+    TrainingRecipe("r3-stage2", "LoRA on the language model, on r3-stage1", lora_targets=LLM_TARGETS, on="r3-stage1"),
+    TrainingRecipe("r4-joint", "LoRA on the vision tower and the language model", lora_targets=f"({VISION_TARGETS})|({LLM_TARGETS})",
            on=FORMAT_BASE.name),
 )
 
@@ -108,7 +108,7 @@ def shuffled(rows: list[GroundingRow]) -> list[GroundingRow]:
             for i, row in enumerate(rows)]
 
 
-def _load_for_training(base: Path, recipe: Recipe, settings: TrainingSettings):
+def _load_for_training(base: Path, recipe: TrainingRecipe, settings: TrainingSettings):
     """The base in fp32 with exactly the recipe's parameters trainable (a PeftModel for LoRA recipes)."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -150,7 +150,7 @@ def train(model, rows: list[GroundingRow], tokenizer, image_processor, settings:
     return losses
 
 
-def _save(model, recipe: Recipe, base: Path, folder: Path) -> None:
+def _save(model, recipe: TrainingRecipe, base: Path, folder: Path) -> None:
     """An adapter folder (LoRA recipes) or a full bf16 checkpoint (the base's dtype), with the base's tokenizer
     and image processor beside it."""
     import torch
@@ -166,7 +166,7 @@ def _save(model, recipe: Recipe, base: Path, folder: Path) -> None:
             shutil.copy2(base / name, folder / name)
 
 
-def train_recipe(recipe: Recipe, base: Path, rows: list[GroundingRow], folder: Path,
+def train_recipe(recipe: TrainingRecipe, base: Path, rows: list[GroundingRow], folder: Path,
                  settings: TrainingSettings = TrainingSettings(), log: Callable[[str], object] = print) -> Path:
     """Train one recipe on `base` with the training rows and save it into `folder`."""
     from workbench.model.inputs import load_vlm_parts

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def off_dtype_buffers(model, compute) -> list[dict[str, Any]]:
     """Floating buffers in another dtype than the compute dtype; FSDP's policy casts parameters, never these."""
-    from workbench.probes.dtype.islands import ROTARY_BUFFERS
+    from workbench.probes.dtype.islands import is_rotary_buffer
 
     found = []
     for mod_name, module in model.named_modules():
@@ -31,7 +31,7 @@ def off_dtype_buffers(model, compute) -> list[dict[str, Any]]:
             if buf.dtype.is_floating_point and buf.dtype != compute:
                 found.append({"module": mod_name, "buffer": short, "name": f"{mod_name}.{short}",
                               "dtype": str(buf.dtype).removeprefix("torch."), "module_frozen": frozen,
-                              "rotary": short in ROTARY_BUFFERS})
+                              "rotary": is_rotary_buffer(module, short)})
     found.sort(key=lambda b: (b["rotary"], not b["module_frozen"], b["name"]))
     return found
 

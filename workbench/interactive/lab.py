@@ -15,7 +15,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,9 +31,9 @@ PANEL_NOTEBOOK = "panel.ipynb"
 
 def free_loopback_port() -> int:
     """A TCP port nobody listens on now (the OS picks it), so two servers at once do not collide."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from workbench.distributed.launcher import free_port
+
+    return free_port("127.0.0.1")
 
 
 def workspace(notebook_dir: Path) -> dict:

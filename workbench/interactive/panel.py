@@ -16,7 +16,6 @@ without a browser; `Panel` lays widgets over it.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import tempfile
 import time
 from pathlib import Path
@@ -120,16 +119,10 @@ class PanelSession:
 
     def free(self) -> None:
         """Drop the previous run's model before loading the next (gc, and the CUDA cache where there is one)."""
-        self._done.clear()
-        gc.collect()
-        try:
-            import torch
+        from workbench.model.shared import free_shared
 
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-        except ImportError:
-            pass
+        self._done.clear()
+        free_shared()
 
 
 class Panel:

@@ -145,6 +145,19 @@ class StaticCensus(TextRepr):
     bytes_read: int
     unmapped: list[str]  # checkpoint keys that matched no module of the model skeleton
     key_mapping: str  # how checkpoint keys were mapped to module paths
+    tied: dict[str, str] = dataclasses.field(default_factory=dict)  # alias -> canonical, counted once
+    saved_twice: list[str] = dataclasses.field(default_factory=list)  # aliases saved beside their canonical tensor
+
+    def tied_note(self) -> str:
+        if not self.tied:
+            return ""
+        from workbench.model.tied import tied_notes
+
+        note = "tied (counted once): " + "; ".join(tied_notes(self.tied))
+        if self.saved_twice:
+            note += (f"; saved twice: {', '.join(self.saved_twice[:8])} (from_pretrained ties them only if the "
+                     "values are equal)")
+        return note
 
     def to_frame(self):
         import pandas as pd
@@ -155,7 +168,8 @@ class StaticCensus(TextRepr):
         from workbench.report.display import Display, Paragraph, Table
 
         return Display(Paragraph(f"Read {self.bytes_read:,} header bytes; no weight was loaded. Keys mapped via "
-                                 f"{self.key_mapping}."), Table.from_frame(self.to_frame()))
+                                 f"{self.key_mapping}."), Paragraph(self.tied_note()) if self.tied else None,
+                       Table.from_frame(self.to_frame()))
 
     def dtypes_by_component(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = defaultdict(dict)
@@ -194,13 +208,22 @@ def checkpoint_key_mapper(skeleton) -> tuple[Callable[[str], str], str]:
 
 def static_census(inspection: CheckpointInspection, classify: Callable[[str], str] | None = None,
                   map_key: Callable[[str], str] | None = None, key_mapping: str = "identity",
-                  source: str | None = None) -> StaticCensus:
+                  source: str | None = None, tied: dict[str, str] | None = None) -> StaticCensus:
+    """`tied` (alias -> canonical, from the skeleton) counts a tied tensor once, under its canonical name's
+    component, whether the checkpoint saved the canonical key, the alias, or both."""
     map_key = map_key or (lambda k: k)
+    tied = tied or {}
     totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     unmapped: list[str] = []
+    saved = {map_key(t.name) for header in inspection.headers for t in header.tensors}
+    saved_twice: list[str] = []
     for header in inspection.headers:
         for t in header.tensors:
             name = map_key(t.name)
+            if name in tied and tied[name] in saved:
+                saved_twice.append(name)
+                continue
+            name = tied.get(name, name)
             component = classify(name) if classify else "other"
             if classify and component == "other" and name == t.name:
                 unmapped.append(t.name)
@@ -211,7 +234,8 @@ def static_census(inspection: CheckpointInspection, classify: Callable[[str], st
     src = source or inspection.kind
     rows = [{"source": src, "component": c, "dtype": d, "tensors": n, "elements": e, "bytes": b}
             for (c, d), (n, e, b) in sorted(totals.items())]
-    return StaticCensus(rows, inspection.bytes_read, unmapped[:50], key_mapping)
+    relevant = {a: c for a, c in tied.items() if a in saved or c in saved}
+    return StaticCensus(rows, inspection.bytes_read, unmapped[:50], key_mapping, relevant, saved_twice)
 
 
 def floating(dtype: str) -> bool:

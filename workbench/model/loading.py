@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -90,7 +91,8 @@ def config_dtype(config) -> torch.dtype:
 
 
 def meta_model(config, dtype: torch.dtype | None = None, quantization_config=None):
-    """An empty model on the meta device, built as from_pretrained builds it (quantizer included): no weight read.
+    """An empty model on the meta device, built as from_pretrained builds it (quantizer included, tied weights
+    tied): no weight read.
 
     Returns (model, hf_quantizer or None). A 72B skeleton builds in well under a second.
     """
@@ -106,6 +108,8 @@ def meta_model(config, dtype: torch.dtype | None = None, quantization_config=Non
 
             hf_quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
             hf_quantizer.preprocess_model(model=model, dtype=dtype, device_map={"": "cpu"}, checkpoint_files=None)
+    if hasattr(model, "tie_weights"):  # from_pretrained ties after loading: lm_head IS embed_tokens when tied
+        model.tie_weights()
     return model, hf_quantizer
 
 
@@ -123,10 +127,25 @@ def bnb_config(quant: str, compute_dtype: torch.dtype = torch.bfloat16):
     raise UsageError(f"unknown quantization {quant!r}; use none, 4bit or 8bit")
 
 
+# every full load this process made through load_pretrained: {"folder", "quant", "seconds"}
+LOADS: list[dict[str, Any]] = []
+
+
 def load_pretrained(folder: str | Path, *, quant: str = "none", dtype: torch.dtype | None = None,
                     device_map: Any = None, max_memory: dict | None = None, trust_remote_code: bool = False,
                     allow_pickle: bool = False, attn_implementation: str | None = None):
-    """from_pretrained with the workbench's safety defaults (local files only, safetensors only)."""
+    """from_pretrained with the workbench's safety defaults (local files only, safetensors only). Each call is
+    recorded in LOADS (a diagnosis reports how many full loads it cost)."""
+    start = time.perf_counter()
+    model = _from_pretrained(folder, quant=quant, dtype=dtype, device_map=device_map, max_memory=max_memory,
+                             trust_remote_code=trust_remote_code, allow_pickle=allow_pickle,
+                             attn_implementation=attn_implementation)
+    LOADS.append({"folder": str(folder), "quant": quant, "seconds": round(time.perf_counter() - start, 3)})
+    return model
+
+
+def _from_pretrained(folder, *, quant, dtype, device_map, max_memory, trust_remote_code, allow_pickle,
+                     attn_implementation):
     config = auto_config(folder, trust_remote_code=trust_remote_code)
     dtype = dtype or config_dtype(config)
     kwargs: dict[str, Any] = dict(dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code)

@@ -36,6 +36,19 @@ def _notebooks_table(runs: list[dict[str, Any]]) -> str:
     return Table(["status", "report", "time", "executed", "error"], rows, css_class="").html()
 
 
+def _cost(report: dict[str, Any]) -> str:
+    """What the diagnosis cost: full model loads (and where), kernels, seconds, peak memory of the kernel."""
+    cost = report.get("cost")
+    if not cost:
+        return ""
+    where = Counter(load.get("notebook", "?")[:2] for load in cost.get("loads", []))
+    peak = cost.get("peak_rss_bytes")
+    return (f"<h2>Cost</h2><p>{cost['model_loads']} model loads"
+            + (f" ({esc(', '.join(f'{n} in {nb}' for nb, n in sorted(where.items())))})" if where else "")
+            + f" &middot; {cost['kernels_started']} kernel(s) &middot; {cost['seconds']:.1f} s of notebooks"
+            + (f" &middot; peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "") + "</p>")
+
+
 def render_index(report: dict[str, Any]) -> str:
     findings = [Finding.from_dict(f) for f in report["findings"]]
     worst = worst_verdict(f.verdict for f in findings) or "pass"
@@ -52,6 +65,7 @@ def render_index(report: dict[str, Any]) -> str:
 {findings_table(findings, link_notebooks=True)}
 <h2>Notebooks</h2>
 {_notebooks_table(report["notebooks"])}
+{_cost(report)}
 <h2>Target</h2>{_kv_table(report['target'])}
 <h2>Environment</h2>{_kv_table(report['environment'])}
 <p><a href="findings.json">findings.json</a> (schema version {report['schema_version']})</p>

@@ -21,11 +21,11 @@ from typing import Any, Callable
 from workbench.report.environment import environment_facts
 from workbench.errors import UsageError
 from workbench.paths import NOTEBOOK_DIR, REPORT_TEMPLATE_DIR
+from workbench.report.kernels import KERNEL_NAME, Kernel
 from workbench.findings import FAILING_VERDICTS, Finding, sort_findings, write_json_atomic
 from workbench.model.target import Target
 
 SCHEMA_VERSION = 1
-KERNEL_NAME = "workbench"
 
 
 @dataclasses.dataclass
@@ -35,6 +35,7 @@ class NotebookRun:
     html: str | None
     seconds: float
     error: str | None = None
+    kernel: str = "shared"  # shared | fresh (after the previous notebook killed or hung its kernel) | own
 
 
 def find_notebooks(folder: Path = NOTEBOOK_DIR, only: list[str] | None = None) -> list[Path]:
@@ -106,8 +107,10 @@ def export_html(executed: Path, html_path: Path) -> None:
     html_path.write_text(body)
 
 
-def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kernel: str,
+def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kernel: Kernel | str,
                  cell_timeout: int | None = None) -> NotebookRun:
+    """Execute one notebook into `folder` and export its HTML. `kernel`: a Kernel to run in (shared by the
+    notebooks of a diagnosis), or a kernel name for a kernel of its own."""
     import papermill as pm
 
     from workbench.notebook import parameters_cell_mismatch
@@ -120,7 +123,9 @@ def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kerne
     try:
         # no cwd=: papermill would os.chdir the whole process, which breaks notebooks run side by side; kernels
         # keep the user's working folder and every path handed to them is absolute
-        pm.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel,
+        own = not isinstance(kernel, Kernel)
+        pm.execute_notebook(str(notebook), str(executed), parameters=parameters,
+                            kernel_name=kernel if own else kernel.name, km=None if own else kernel.manager(),
                             progress_bar=False, log_output=False, report_mode=False,
                             extra_arguments=["--IPKernelApp.log_level=ERROR"], execution_timeout=cell_timeout)
     except Exception as exc:  # noqa: BLE001 - PapermillExecutionError and kernel deaths alike: failure as artifact
@@ -171,7 +176,7 @@ def redact_report(folder: Path) -> None:
     if not secrets:
         return
     for path in folder.iterdir():
-        if path.suffix in (".html", ".json", ".ipynb") and path.is_file():
+        if path.suffix in (".html", ".json", ".ipynb", ".log") and path.is_file():
             text = path.read_text(errors="replace")
             cleaned = redact_text(text, secrets)
             if cleaned != text:
@@ -185,20 +190,14 @@ def parallel_jobs(target: Target, notebooks: int) -> int:
     jobs = min(2, cores, notebooks)
     if jobs < 2:
         return 1
-    try:
-        from workbench.resources import available_bytes, estimated_load_bytes
+    from workbench.resources import two_copies_fit_easily
 
-        need = estimated_load_bytes(target)
-        have, _ = available_bytes()
-    except Exception:  # noqa: BLE001 - when unsure, one at a time
-        return 1
-    # side by side only for models small against memory: two copies below a quarter of what is free
-    return jobs if 2 * need < 0.25 * have and need < 2 * 1024**3 else 1
+    return jobs if two_copies_fit_easily(target) else 1
 
 
 def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
              echo: Callable[[str], None] = print, notebook_dir: Path = NOTEBOOK_DIR,
-             cell_timeout: int | None = 1800, jobs: int | None = None) -> tuple[Path, list[Finding]]:
+             cell_timeout: int | None = 1800, jobs: int | None = 1) -> tuple[Path, list[Finding]]:
     kernel_python = ensure_kernel()
     # kernels inherit the environment: keep the user's folder importable for --setup module:function
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
@@ -210,23 +209,36 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
     echo(f"diagnosing {target.checkpoint} -> {final} (kernel {KERNEL_NAME}: {kernel_python})")
     jobs = jobs or parallel_jobs(target, len(notebooks))
     if jobs > 1:
-        echo(f"running {jobs} notebooks at a time (each kernel holds its own copy of the model)")
+        echo(f"running {jobs} notebooks at a time, each in its own kernel (each holds its own copy of the model)")
+    kernel = Kernel(temp / "kernel.log")
 
     def execute(item: tuple[int, Path]) -> tuple[NotebookRun, list[Finding]]:
         i, notebook = item
         echo(f"[{i}/{len(notebooks)}] {notebook.stem} ...")
         sidecar = str(temp / f"findings.{notebook.stem}.json")
-        run = run_notebook(notebook, temp, {**parameters, "findings_path": sidecar}, KERNEL_NAME, cell_timeout)
+        fresh = jobs == 1 and kernel.started > 0 and not kernel.alive()
+        run = run_notebook(notebook, temp, {**parameters, "findings_path": sidecar},
+                           kernel if jobs == 1 else KERNEL_NAME, cell_timeout)
+        run.kernel = "own" if jobs > 1 else "fresh" if fresh else "shared"
+        if jobs == 1 and run.error and ("Timeout" in run.error or "DeadKernel" in run.error or not kernel.alive()):
+            kernel.discard()  # a hung or dead kernel: the next notebook starts a fresh one
         nb_findings = collect_findings(temp, notebook, run)
         verdicts = ", ".join(f"{f.id} {f.verdict}" for f in sort_findings(nb_findings))
         echo(f"[{i}/{len(notebooks)}] {notebook.stem} {run.status} ({run.seconds:.1f} s): {verdicts}"
-             + (f"\n      {run.error}" if run.error else ""))
+             + (f"\n      {run.error}" if run.error else "")
+             + ("\n      (in a fresh kernel: the previous notebook's kernel died or hung)" if fresh else ""))
         return run, nb_findings
 
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:  # each notebook is its own kernel process
-        results = list(pool.map(execute, enumerate(notebooks, 1)))
+    try:
+        if jobs == 1:  # one kernel, the notebooks in order, the prepared model shared
+            results = [execute(item) for item in enumerate(notebooks, 1)]
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:  # each notebook is its own kernel process
+                results = list(pool.map(execute, enumerate(notebooks, 1)))
+    finally:
+        kernel.discard()
     runs = [run for run, _ in results]
     findings = [f for _, nb_findings in results for f in nb_findings]
     report = {
@@ -237,6 +249,7 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
         "environment": environment_facts(),
         "notebooks": [dataclasses.asdict(r) for r in runs],
         "findings": [f.to_dict() for f in sort_findings(findings)],
+        "cost": diagnosis_cost(temp, runs, kernels=kernel.started if jobs == 1 else len(runs)),
     }
     write_json_atomic(temp / "findings.json", report)
     from workbench.report.index_page import write_index
@@ -248,6 +261,23 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
 
     write_reports_index(Path(reports_dir).resolve())
     return final, findings
+
+
+def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int) -> dict[str, Any]:
+    """The optional `cost` block of findings.json: full model loads, seconds per notebook, peak memory."""
+    loads: list[dict[str, Any]] = []
+    peak = 0
+    for run in runs:
+        sidecar = folder / f"findings.{run.name}.json"
+        try:
+            cost = json.loads(sidecar.read_text()).get("cost") or {}
+        except (OSError, ValueError):
+            cost = {}
+        loads += [{"notebook": run.name, **load} for load in cost.get("model_loads", [])]
+        peak = max(peak, int(cost.get("peak_rss_bytes") or 0))
+    return {"model_loads": len(loads), "loads": loads, "kernels_started": kernels,
+            "seconds": round(sum(r.seconds for r in runs), 2),
+            "notebook_seconds": {r.name: r.seconds for r in runs}, "peak_rss_bytes": peak or None}
 
 
 def exit_code(findings: list[Finding]) -> int:

@@ -17,7 +17,7 @@ from torch import nn
 
 from workbench.model.components import ComponentClassifier
 from workbench.findings import Finding
-from workbench.probes.dtype.islands import ROTARY_BUFFERS
+from workbench.probes.dtype.islands import is_rotary_buffer
 from workbench.probes.dtype.tracer import DtypeTracer
 from workbench.report.text import TextRepr
 
@@ -76,7 +76,7 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
             if buf.dtype.is_floating_point and buf.dtype != compute:
                 buffers.append({"buffer": f"{mod_name}.{short}", "dtype": str(buf.dtype).removeprefix("torch."),
                                 "component": classifier.component_of(f"{mod_name}.{short}"),
-                                "module_frozen": frozen, "rotary": short in ROTARY_BUFFERS})
+                                "module_frozen": frozen, "rotary": is_rotary_buffer(module, short)})
     buffers.sort(key=lambda b: (b["rotary"], not b["module_frozen"], b["buffer"]))  # frozen modules first
     inputs, _ = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
     inputs = with_labels(model, inputs)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from workbench.model.components import ComponentClassifier
+from workbench.model.tied import tied_aliases, tied_notes
 from workbench.findings import Finding
 from workbench.report.text import TextRepr
 
@@ -32,6 +33,11 @@ class DtypeCensus(TextRepr):
     label: str  # e.g. "loaded (bf16)", "predicted 4bit", "real 4bit"
     rows: list[dict[str, Any]]
     component_map: dict[str, str]
+    tied: dict[str, str] = dataclasses.field(default_factory=dict)  # alias -> canonical name, counted once
+
+    def tied_note(self) -> str:
+        """'tied (counted once): lm_head.weight = model.embed_tokens.weight', or '' when nothing is tied."""
+        return "tied (counted once): " + "; ".join(tied_notes(self.tied)) if self.tied else ""
 
     def to_frame(self):
         import pandas as pd
@@ -80,6 +86,7 @@ class DtypeCensus(TextRepr):
         from workbench.report.html import figure
 
         return Display(Heading(self.label), Paragraph(self.summary()),
+                       Paragraph(self.tied_note()) if self.tied else None,
                        figure(self.plot, f"{self.label}: tensors per component by dtype"),
                        Details("table", Table.from_frame(self.to_frame())))
 
@@ -102,7 +109,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def dtype_census(model: nn.Module, classifier: ComponentClassifier | None = None, label: str = "loaded",
                  overrides: Mapping[str, Iterable[str]] | None = None) -> DtypeCensus:
-    """Census of the model as it is in memory: parameters (incl. packed bitsandbytes weights) and buffers."""
+    """Census of the model as it is in memory: parameters (incl. packed bitsandbytes weights) and buffers; a tied
+    parameter is counted once, under the name `named_parameters()` keeps, its other names in `tied`."""
     classifier = classifier or ComponentClassifier.from_model(model, overrides)
     counted: dict = {}
     for name, p in model.named_parameters():
@@ -111,7 +119,7 @@ def dtype_census(model: nn.Module, classifier: ComponentClassifier | None = None
     for name, b in model.named_buffers():
         _count(counted, classifier.component_of(name), "buffer", dtype_name(b.dtype), b.numel(),
                b.numel() * b.element_size(), False)
-    return DtypeCensus(label, _rows(counted), classifier.describe())
+    return DtypeCensus(label, _rows(counted), classifier.describe(), tied_aliases(model))
 
 
 def keep_in_fp32_matcher(model: nn.Module):
@@ -154,7 +162,8 @@ def predicted_quantized_census(config, quant: str, dtype: torch.dtype | None = N
     for name, b in skeleton.named_buffers():
         _count(counted, classifier.component_of(name), "buffer", dtype_name(b.dtype), b.numel(),
                b.numel() * b.element_size(), False)
-    return DtypeCensus(f"predicted {quant} (meta device)", _rows(counted), classifier.describe())
+    return DtypeCensus(f"predicted {quant} (meta device)", _rows(counted), classifier.describe(),
+                       tied_aliases(skeleton))
 
 
 def census_differences(predicted: DtypeCensus, real: DtypeCensus) -> list[dict[str, Any]]:
@@ -167,14 +176,16 @@ def census_differences(predicted: DtypeCensus, real: DtypeCensus) -> list[dict[s
 def census_finding(census: DtypeCensus, static: Any | None = None) -> Finding:
     evidence: dict[str, Any] = {"parameters": census.dtypes_by_component("parameter"),
                                 "buffers": census.dtypes_by_component("buffer"),
-                                "component_map": census.component_map}
+                                "component_map": census.component_map, "tied": census.tied}
     if static is not None:
         evidence["checkpoint_headers"] = static.dtypes_by_component()
     unassigned = census.dtypes_by_component("parameter").get("other")
     detail = census.summary("parameter")
+    if census.tied:
+        detail += f". {census.tied_note()}"
     if unassigned:
-        detail += ". Tensors in 'other' belong to no vision/language/head module; map them with a parameters " \
-                  "file's components: patterns if that is wrong."
+        detail += ". Tensors in 'other' belong to no module the model's structure names (README: how components " \
+                  "are found); map them with a parameters file's components: patterns if that is wrong."
     return Finding("dtype.census", "pass", f"Dtype census of the {census.label} model", detail, evidence)
 
 
@@ -185,6 +196,8 @@ def quantized_finding(predictions: dict[str, DtypeCensus], reals: dict[str, Dtyp
     lines = []
     for quant, predicted in predictions.items():
         evidence[f"predicted_{quant}"] = predicted.dtypes_by_component("parameter")
+        if predicted.tied:
+            evidence[f"tied_{quant}"] = tied_notes(predicted.tied)
         real = reals.get(quant)
         if isinstance(real, DtypeCensus):
             evidence[f"real_{quant}"] = real.dtypes_by_component("parameter")
@@ -195,6 +208,9 @@ def quantized_finding(predictions: dict[str, DtypeCensus], reals: dict[str, Dtyp
         else:
             lines.append(f"{quant}: {predicted.summary()} (predicted only: {real or 'not loaded'})")
     evidence["differences"] = differences
+    tied = next((p.tied_note() for p in predictions.values() if p.tied), "")
+    if tied:
+        lines.append(tied)
     if differences:
         return Finding("dtype.quantized_census", "warn", "Quantized census: prediction and real load disagree",
                        "; ".join(lines), evidence,

@@ -47,9 +47,10 @@ class CheckpointResult(TextRepr):
         unmapped = [k for c in self.censuses for k in c.unmapped]
         note = Paragraph(f"Header-only census: {reads:,} bytes read, no weight loaded; keys mapped via "
                          f"{self.censuses[0].key_mapping if self.censuses else '-'}.")
+        tied = [Paragraph(c.tied_note()) for c in self.censuses if c.tied]
         unmatched = (Paragraph(f"Keys matched to no module (counted as other): {', '.join(unmapped[:8])}")
                      if unmapped else None)
-        return Display(findings_block(self.findings()), note, unmatched, Table.from_frame(self.to_frame()))
+        return Display(findings_block(self.findings()), note, *tied, unmatched, Table.from_frame(self.to_frame()))
 
 
 def checkpoint_probe(target) -> CheckpointResult:
@@ -68,6 +69,7 @@ def checkpoint_probe(target) -> CheckpointResult:
     classifier = found.classifier(component_overrides(target))
     censuses = [static_census(insp, classifier.component_of,
                               (lambda k: found.map_key(adapter_key(k))) if role == "adapter" else found.map_key,
-                              found.how, source=f"{role}: {Path(folder).name}")
+                              found.how, source=f"{role}: {Path(folder).name}",
+                              tied=found.tied if role != "adapter" else None)
                 for (role, folder), insp in zip(folders, inspections)]
     return CheckpointResult(inspections, censuses)

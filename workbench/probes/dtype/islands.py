@@ -3,7 +3,11 @@
 They are harmless while autocast covers the forward, and crash it where autocast does not reach (DataParallel
 replica threads, FSDP mixed precision casting parameters but not buffers): a bf16 activation meets an fp32
 norm or buffer, becomes fp32, and the next bf16 matmul raises `float != BFloat16`. Known-intentional ones
-(rotary `inv_freq`, `_keep_in_fp32_modules`, PEFT adapter weights kept in fp32) are reported as info.
+(rotary frequencies, `_keep_in_fp32_modules`, PEFT adapter weights kept in fp32) are reported as info.
+
+Rotary buffers are recognised by the module that owns them, not by their name (Gemma 3 registers
+`sliding_attention_inv_freq` beside `full_attention_inv_freq`): a non-persistent buffer of a rotary module, one whose
+class is a `...RotaryEmbedding` or that carries transformers' `rope_type`.
 """
 
 from __future__ import annotations
@@ -17,10 +21,20 @@ from torch import nn
 
 from workbench.probes.dtype.census import dtype_name, keep_in_fp32_matcher
 from workbench.model.components import ComponentClassifier, unwrap_model
+from workbench.model.tied import tied_aliases, tied_notes
 from workbench.findings import Finding
 from workbench.report.text import TextRepr
 
-ROTARY_BUFFERS = ("inv_freq", "original_inv_freq")
+
+def is_rotary_module(module: nn.Module) -> bool:
+    """A rotary position embedding: transformers' `*RotaryEmbedding` classes all set `rope_type` (a str, or a dict
+    per layer type for Gemma 3); remote-code ones keep the class name."""
+    return hasattr(module, "rope_type") or type(module).__name__.endswith("RotaryEmbedding")
+
+
+def is_rotary_buffer(module: nn.Module, short: str) -> bool:
+    """A buffer recomputed from the config by a rotary module (non-persistent: never saved), fp32 on purpose."""
+    return is_rotary_module(module) and short in getattr(module, "_non_persistent_buffers_set", ())
 
 
 @dataclasses.dataclass
@@ -41,6 +55,9 @@ class Islands(TextRepr):
     compute_dtype: str
     islands: list[Island]
     quantized: bool
+    tied: dict[str, str] = dataclasses.field(default_factory=dict)  # alias -> canonical: one tensor, listed once
+    half_precision: list[str] = dataclasses.field(default_factory=list)  # k-bit: non-quantized fp16/bf16 params
+    kbit_upcast: str | None = None  # "peft 0.21.2: prepare_model_for_kbit_training" when its fp32 state is intact
 
     @property
     def suspicious(self) -> list[Island]:
@@ -70,18 +87,28 @@ class Islands(TextRepr):
             "suspicious_by_component": {f"{c}/{d}": n for (c, d), n in sorted(by_component.items())},
             "intentional": [i.as_row() for i in self.islands if i.intentional][:20],
         }
+        if self.tied:
+            evidence["tied"] = tied_notes(self.tied)
+        if self.half_precision:
+            evidence["half_precision_parameters"] = self.half_precision[:20]
+        if self.kbit_upcast:
+            evidence["intentional_upcast_by"] = self.kbit_upcast
         if not self.islands:
             return Finding("dtype.fp32_islands", "pass", f"Every floating tensor is {self.compute_dtype}",
                            "No parameter or buffer differs from the compute dtype.", evidence)
         if not sus:
             reasons = sorted({i.intentional for i in self.islands if i.intentional})
+            how = "on purpose or contained" if any(r.startswith("contained") for r in reasons) else "on purpose"
             return Finding("dtype.fp32_islands", "info",
-                           f"{len(self.islands)} tensor(s) differ from {self.compute_dtype}, all on purpose",
+                           f"{len(self.islands)} tensor(s) differ from {self.compute_dtype}, all {how}",
                            "; ".join(reasons), evidence)
         first = sus[0]
-        cause = (" In a k-bit model, peft's prepare_model_for_kbit_training upcasts non-quantized parameters to "
-                 "fp32 on purpose, for training under autocast (older trl then cast norms to fp32 and lm_head "
-                 "back to bf16)." if self.quantized else "")
+        cause = ""
+        if self.quantized and self.half_precision:
+            cause = (f" This k-bit model mixes them with {len(self.half_precision)} non-quantized half-precision "
+                     f"parameter(s) (e.g. {self.half_precision[0]}): not the all-fp32 state peft's "
+                     "prepare_model_for_kbit_training leaves (that one is intentional), but what older trl's "
+                     "peft_module_casting_to_bf16 made of it (norms fp32, lm_head / embed_tokens back to bf16).")
         frozen = sum(i.module_frozen for i in sus)
         return Finding(
             "dtype.fp32_islands", "warn",
@@ -134,6 +161,72 @@ def _adapter_parameter_names(model: nn.Module) -> set[str]:
     return names
 
 
+HALF = (torch.float16, torch.bfloat16)
+
+
+def kbit_upcast_reason(model: nn.Module, adapter_names: set[str],
+                       compute_dtype: torch.dtype) -> tuple[str | None, list[str], str]:
+    """(why the fp32 parameters of a k-bit model are intentional, or None; the non-quantized fp16/bf16 parameters;
+    the peft release named as evidence).
+
+    peft's `prepare_model_for_kbit_training` casts every parameter that is fp16/bf16 and not a packed `Params4bit`
+    to fp32 (peft/utils/other.py): its result has no half-precision parameter left outside the k-bit layers, and
+    those layers cast their input to their compute dtype and their output back (bitsandbytes' Linear4bit returns
+    `.to(inp_dtype)`), so activations stay fp32 from the embedding to the head and meet no bf16 weight. That state
+    is intentional. A k-bit model with fp32 parameters *and* non-quantized half ones (older trl's
+    `peft_module_casting_to_bf16`: norms fp32, lm_head / embed_tokens back to bf16) is not: without autocast an
+    fp32 norm's output reaches a bf16 head and the matmul raises.
+    """
+    half: list[str] = []
+    fp32 = 0
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen or name in adapter_names or not p.dtype.is_floating_point:
+            continue
+        seen.add(id(p))
+        if p.dtype in HALF:
+            half.append(name)
+        elif p.dtype == torch.float32:
+            fp32 += 1
+    try:
+        from importlib.metadata import version
+
+        peft = f"peft {version('peft')}"
+    except Exception:  # noqa: BLE001 - peft absent: the state is still the one its function leaves
+        peft = "peft"
+    if half or not fp32:
+        return None, half, peft
+    return (f"k-bit model with all {fp32} non-quantized parameters in fp32, the state {peft}'s "
+            "prepare_model_for_kbit_training leaves on purpose (it casts every non-quantized fp16/bf16 parameter "
+            f"to fp32): activations stay fp32 between the k-bit layers, which compute in {dtype_name(compute_dtype)} "
+            "and return their input's dtype, so no fp32 output meets a half-precision weight"), half, peft
+
+
+def returns_input_dtype(module: nn.Module, compute_dtype: torch.dtype) -> bool:
+    """Whether a module hands back the dtype it is given whatever its own tensors' dtype, asked by calling it on a
+    tiny input of the compute dtype. Only leaf-like modules whose input width is known are asked: norm-like ones
+    (their parameters 1-D: Gemma 3's RMSNorm computes in fp32 and returns `output.type_as(x)`, Llama's returns
+    `weight * x.to(input_dtype)`, fp32 for an fp32 weight) and layers with `in_features` (bitsandbytes' Linear4bit
+    casts its fp32 bias to its compute dtype and returns `.to(inp_dtype)`; a plain fp32 Linear raises)."""
+    own = [p for _, p in module.named_parameters(recurse=False)]
+    if not own or len(own) != sum(1 for _ in module.parameters()):
+        return False
+    width = getattr(module, "in_features", None)
+    if not isinstance(width, int):
+        if any(p.dim() != 1 for p in own):
+            return False
+        width = own[0].shape[0]
+    device = own[0].device
+    if device.type == "meta":
+        return False
+    try:
+        with torch.no_grad():
+            out = module(torch.randn(1, 2, width, dtype=compute_dtype, device=device))
+    except Exception:  # noqa: BLE001 - a module that cannot take a plain tensor: not known to be contained
+        return False
+    return isinstance(out, torch.Tensor) and out.dtype == compute_dtype
+
+
 def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
                  classifier: ComponentClassifier | None = None) -> Islands:
     compute_dtype = compute_dtype or compute_dtype_of(model)
@@ -141,28 +234,42 @@ def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
     inner, prefix = unwrap_model(model)
     keep_fp32 = keep_in_fp32_matcher(inner)
     adapter_names = _adapter_parameter_names(model)
+    quantized = bool(getattr(inner, "is_loaded_in_4bit", False) or getattr(inner, "is_loaded_in_8bit", False))
+    kbit_reason, half, peft = kbit_upcast_reason(model, adapter_names, compute_dtype) if quantized else (None, [], "")
     islands: list[Island] = []
+    seen: set[int] = set()  # a tied parameter (lm_head.weight is embed_tokens.weight) is one island, not two
     for mod_name, module in model.named_modules():
         own_params = list(module.named_parameters(recurse=False))
         subtree_frozen = not any(p.requires_grad for p in module.parameters())
         tensors = [("parameter", n, t) for n, t in own_params] + \
                   [("buffer", n, t) for n, t in module.named_buffers(recurse=False)]
+        contained: bool | None = None  # asked once per module, only when needed
         for kind, short, tensor in tensors:
-            if not tensor.dtype.is_floating_point or tensor.dtype == compute_dtype:
+            if not tensor.dtype.is_floating_point or tensor.dtype == compute_dtype or id(tensor) in seen:
                 continue
+            seen.add(id(tensor))
             name = f"{mod_name}.{short}" if mod_name else short
             inner_name = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
-            if kind == "buffer" and short in ROTARY_BUFFERS:
-                why = "rotary position frequencies are kept in fp32 on purpose (position precision)"
+            why = None
+            if kind == "buffer" and is_rotary_buffer(module, short):
+                why = (f"rotary position frequencies ({type(module).__name__}, recomputed from the config) are kept "
+                       "in fp32 on purpose (position precision)")
             elif keep_fp32(inner_name):
                 why = f"{type(inner).__name__}._keep_in_fp32_modules declares it fp32"
             elif name in adapter_names:
                 why = "PEFT keeps adapter weights in fp32 (autocast_adapter_dtype) and casts activations around them"
-            else:
-                why = None
+            elif kind == "parameter" and kbit_reason and tensor.dtype == torch.float32:
+                why = kbit_reason
+            elif kind == "parameter":
+                if contained is None:
+                    contained = returns_input_dtype(module, compute_dtype)
+                if contained:
+                    why = (f"contained: {type(module).__name__} returns its input's dtype (called on a "
+                           f"{dtype_name(compute_dtype)} input it returned {dtype_name(compute_dtype)}), so its "
+                           f"{dtype_name(tensor.dtype)} weight never reaches the activations")
             islands.append(Island(name, kind, dtype_name(tensor.dtype), classifier.component_of(name),
                                   subtree_frozen, why))
     # frozen modules first, buffers before parameters: the seeds' and FSDP's leaks come from there
     islands.sort(key=lambda i: (i.intentional is not None, not i.module_frozen, i.kind != "buffer", i.name))
-    quantized = bool(getattr(inner, "is_loaded_in_4bit", False) or getattr(inner, "is_loaded_in_8bit", False))
-    return Islands(dtype_name(compute_dtype), islands, quantized)
+    upcast = f"{peft}: prepare_model_for_kbit_training" if kbit_reason else None
+    return Islands(dtype_name(compute_dtype), islands, quantized, tied_aliases(model), half, upcast)

@@ -11,11 +11,12 @@ from workbench.probes.dtype.census import (DtypeCensus, census_finding, dtype_ce
                               quantized_finding)
 from workbench.probes.dtype.headers import CheckpointResult, component_overrides
 from workbench.model.components import ComponentClassifier
+from workbench.model.tied import tied_notes
 from workbench.findings import Finding, worst_verdict
 from workbench.probes.dtype.islands import Islands, fp32_islands
 from workbench.report.text import TextRepr
 
-DEFAULT_REAL_QUANT_MAX_BYTES = 2 * 1024**3  # verify predictions with a real load only below this checkpoint size
+DEFAULT_REAL_QUANT_MAX_BYTES = 128 * 1024**2  # the prediction is the answer; a real load verifies it only when cheap
 
 
 @dataclasses.dataclass(repr=False)
@@ -97,14 +98,17 @@ def quantized_census_probe(target, loaded: LoadedCensusResult | None = None, sta
     if static:
         for census in static.censuses:
             rows.append({"scenario": f"checkpoint headers ({census.rows[0]['source'] if census.rows else ''})",
-                         **_summaries(census.dtypes_by_component())})
+                         **_summaries(census.dtypes_by_component(), census.tied)})
     if loaded:
-        rows.append({"scenario": loaded.census.label, **_summaries(loaded.census.dtypes_by_component())})
+        rows.append({"scenario": loaded.census.label,
+                     **_summaries(loaded.census.dtypes_by_component(), loaded.census.tied)})
     for quant in predictions:
-        rows.append({"scenario": predictions[quant].label, **_summaries(predictions[quant].dtypes_by_component())})
+        rows.append({"scenario": predictions[quant].label,
+                     **_summaries(predictions[quant].dtypes_by_component(), predictions[quant].tied)})
         real = reals[quant]
         rows.append({"scenario": real.label if isinstance(real, DtypeCensus) else f"real {quant}",
-                     **(_summaries(real.dtypes_by_component()) if isinstance(real, DtypeCensus) else {"note": real})})
+                     **(_summaries(real.dtypes_by_component(), real.tied) if isinstance(real, DtypeCensus)
+                        else {"note": real})})
     for other in compare:
         other_config = auto_config(other, trust_remote_code=target.trust_remote_code)
         rows.append({"scenario": f"{Path(other).name}: predicted 4bit",
@@ -118,15 +122,18 @@ def with_loaded_row(quantized: QuantizedResult, loaded: LoadedCensusResult) -> Q
     loads, so that no two copies are ever resident)."""
     import pandas as pd
 
-    row = {"scenario": loaded.census.label, **_summaries(loaded.census.dtypes_by_component())}
+    row = {"scenario": loaded.census.label, **_summaries(loaded.census.dtypes_by_component(), loaded.census.tied)}
     headers = quantized.comparison[quantized.comparison["scenario"].str.startswith("checkpoint headers")]
     rest = quantized.comparison.drop(headers.index)
     table = pd.concat([headers, pd.DataFrame([row]), rest], ignore_index=True).fillna("")
     return QuantizedResult(quantized.predictions, quantized.reals, table)
 
 
-def _summaries(by_component: dict[str, dict[str, int]]) -> dict[str, str]:
-    return {comp: " + ".join(f"{d} {n}" for d, n in dtypes.items()) for comp, dtypes in by_component.items()}
+def _summaries(by_component: dict[str, dict[str, int]], tied: dict[str, str] | None = None) -> dict[str, str]:
+    cells = {comp: " + ".join(f"{d} {n}" for d, n in dtypes.items()) for comp, dtypes in by_component.items()}
+    if tied:
+        cells["tied (counted once)"] = "; ".join(tied_notes(tied))
+    return cells
 
 
 @dataclasses.dataclass(repr=False)

@@ -25,6 +25,7 @@ from workbench.errors import UsageError
 from workbench.findings import Finding, verdict_rank
 from workbench.probes.evaluation.lineage import LineageResult, adapter_lineage
 from workbench.probes.evaluation.placement import PlacementResult, placement_of
+from workbench.resources import free_memory
 from workbench.probes.evaluation.recipes import Recipe, RecipeList
 from workbench.report.text import TextRepr
 
@@ -39,14 +40,6 @@ def rss_bytes() -> int:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def free_memory() -> None:
-    """What the seeds' fix did before each recipe: collect garbage and give cached CUDA memory back."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
 def in_use_bytes() -> int:
@@ -75,9 +68,10 @@ class RecipeOutcome:
     error: str | None = None
 
 
-def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcome: RecipeOutcome):
+def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcome: RecipeOutcome, shared=None):
     """(model, tokenizer, image_processor) for one recipe, filling the outcome's lineage and placement as they
-    become known; raises UsageError with the reason."""
+    become known; raises UsageError with the reason. `shared`: the diagnosis' prepared model when this recipe is
+    the target itself and nothing is generated: its placement is read there instead of loading it again."""
     from workbench.model.loading import load_pretrained, parse_dtype
     from workbench.model.target import resolve_local
 
@@ -89,7 +83,7 @@ def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcom
                 trust_remote_code=options.get("trust_remote_code", False))
     if kind != "adapter":
         outcome.base = str(folder)
-        model = load_pretrained(folder, **load)
+        model = shared if shared is not None else load_pretrained(folder, **load)
         outcome.placement = placement_of(model, recipe.name)
         return (model, *_processing(folder, None))
     recorded = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
@@ -106,6 +100,9 @@ def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcom
     outcome.base = str(base_dir)
     outcome.lineage = adapter_lineage(folder, base_dir, source, Path(reference) if reference else None,
                                       trust_remote_code=options.get("trust_remote_code", False))
+    if shared is not None:  # the set-up already put the adapter on; hf_device_map is the base's
+        outcome.placement = placement_of(shared, recipe.name)
+        return (shared, None, None)
     model = load_pretrained(base_dir, **load)
     outcome.placement = placement_of(model, recipe.name)  # before the adapter: where the base landed
     from peft import PeftModel
@@ -130,7 +127,8 @@ def _processing(base_dir: Path, adapter_dir: Path | None):
 
 
 def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: dict[str, Any],
-                    max_new_tokens: int, progress: Callable[[int, int, Any], Any] | None = None) -> RecipeOutcome:
+                    max_new_tokens: int, progress: Callable[[int, int, Any], Any] | None = None,
+                    shared=None) -> RecipeOutcome:
     """Load, evaluate and free one recipe; every failure ends up in the outcome, never raised."""
     from workbench.probes.evaluation.metrics import evaluate_samples, summarize
 
@@ -144,7 +142,7 @@ def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: 
     model = None
     outcome = RecipeOutcome(recipe.name, recipe.kind, recipe.path)
     try:
-        model, tokenizer, image_processor = _load(recipe, reference, options, outcome)
+        model, tokenizer, image_processor = _load(recipe, reference, options, outcome, shared)
         peak.append(in_use_bytes())
         outcome.memory["model_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
         if rows and (tokenizer is None or image_processor is None):
@@ -363,6 +361,18 @@ def _progress_bar(total: int, name: str):
     return tqdm(total=total, desc=name, leave=True)
 
 
+def _shared_model_of(recipe: Recipe, target):
+    """The diagnosis' prepared model when `recipe` is the target itself (same folder, no other base) and it is
+    resident: nothing is generated without a dataset, so its placement can be read without a second load."""
+    from workbench.model.shared import shared_if_prepared
+
+    own = target.adapter_dir or target.model_dir
+    if recipe.base or Path(recipe.path).resolve() != Path(own).resolve():
+        return None
+    prepared = shared_if_prepared(target)
+    return prepared.model if prepared is not None else None
+
+
 def evaluate_recipes(recipes: RecipeList, target) -> EvaluationResult:
     """Every recipe of the list, plus the reference base, one at a time with the target's load options."""
     from workbench.demo.grounding import read_dataset
@@ -380,11 +390,16 @@ def evaluate_recipes(recipes: RecipeList, target) -> EvaluationResult:
         listed.insert(0, Recipe(reference_name, recipes.reference, "full"))
     options = dict(quant=target.quant, dtype=target.dtype, device_map=target.device_map,
                    max_memory=target.max_memory, trust_remote_code=target.trust_remote_code)
+    if rows or any(_shared_model_of(r, target) is None for r in listed):
+        from workbench.model.shared import make_room_for_a_copy
+
+        make_room_for_a_copy(target)  # recipes load one by one: a big shared model is not kept beside them
     outcomes = []
     for recipe in listed:
         bar = _progress_bar(len(rows), recipe.name)
         outcome = evaluate_recipe(recipe, rows, recipes.reference, options, recipes.max_new_tokens,
-                                  (lambda done, total, record, bar=bar: bar.update(1)) if bar else None)
+                                  (lambda done, total, record, bar=bar: bar.update(1)) if bar else None,
+                                  shared=None if rows else _shared_model_of(recipe, target))
         if bar:
             bar.close()
         else:

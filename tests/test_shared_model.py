@@ -1,0 +1,69 @@
+"""Load once, probe many: one prepared model shared by the steps of every notebook, and the steps that change it
+leave it as the set-up returned it."""
+
+import torch
+
+from workbench.model.guard import model_fingerprint, restored
+from workbench.notebook import open_notebook
+
+
+def census_frame(nb):
+    return nb.run("census").census.to_frame().to_dict(orient="records")
+
+
+def test_the_model_is_prepared_once_and_every_changing_step_restores_it(demo, tmp_path):
+    from workbench.model.loading import LOADS
+
+    options = dict(checkpoint=str(demo.qwen_stage2), quant="4bit", setup="qlora_trl_legacy", gpus=2,
+                   findings_path=str(tmp_path / "f.json"))
+    first = open_notebook("01_dtype_distribution", **options)
+    first.run("static")
+    loads = len(LOADS)
+    prepared = first.run("prepared")
+    assert len(LOADS) == loads + 1
+    model = prepared.model
+    before_census, before = census_frame(first), model_fingerprint(model)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.is_floating_point()}
+
+    for name, steps in (("02_dataparallel", ("prepared", "wrap", "maps")),
+                        ("04_forward_checks", ("prepared", "grads", "buffers", "forward"))):
+        nb = open_notebook(name, **options)
+        for step in steps:
+            assert nb.run(step) is not None
+        assert nb.results["prepared"] is prepared  # the same object: no second load
+    assert len(LOADS) == loads + 1
+    assert model_fingerprint(model) == before  # no tensor swapped, cast, frozen, unfrozen or moved; modes as they were
+    assert all(torch.equal(weights[n], p) for n, p in model.named_parameters() if n in weights)  # no value changed
+    again = open_notebook("01_dtype_distribution", **options)
+    assert again.run("prepared") is prepared and census_frame(again) == before_census
+    assert [f.verdict for f in nb.recorder.findings if f.id == "forward.dtype_flow"] == ["fail"]  # still the seeds'
+
+
+def test_restored_undoes_a_cast_a_freeze_a_mode_change_and_keeps_values_exact():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).to(torch.float32)
+    model.register_buffer("scale", torch.ones(2))
+    exact = {n: p.detach().clone() for n, p in model.named_parameters()}
+    before = model_fingerprint(model)
+    with restored(model):
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16)  # what a simulated FSDP cast does: lossy for fp32 values
+            p.requires_grad_(False)
+        model.scale = torch.zeros(2, dtype=torch.float64)
+        model.eval()
+    assert model_fingerprint(model) == before
+    assert all(torch.equal(exact[n], p) for n, p in model.named_parameters())
+
+
+def test_a_new_target_frees_the_old_shared_model(demo, tmp_path):
+    import gc
+    import weakref
+
+    from workbench.model.shared import prepare_shared
+    from workbench.model.target import resolve_target
+
+    old = prepare_shared(resolve_target(str(demo.llama)))
+    ref = weakref.ref(old.model)
+    del old
+    prepare_shared(resolve_target(str(demo.llama), gpus=2))
+    gc.collect()
+    assert ref() is None  # never two resident

@@ -1,0 +1,59 @@
+"""The kernel a diagnosis runs its notebooks in: one for all of them, a fresh one after a notebook killed it.
+
+One kernel means one start-up (~4 s of imports) and one prepared model shared by every notebook
+(`workbench.model.shared`). Isolation is kept where it matters: a notebook that raises is an artifact and the next
+notebook runs in the same kernel; a notebook that kills its kernel (out of memory, a native crash) or hangs past
+its cell timeout leaves the next notebooks a fresh kernel, and the report says so. The kernel's own console
+(start-up chatter, "KeyboardInterrupt caught in kernel" at shutdown) goes to a log file in the report folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO
+
+KERNEL_NAME = "workbench"
+
+
+class Kernel:
+    def __init__(self, log_path: Path, name: str = KERNEL_NAME) -> None:
+        self.log_path = Path(log_path)
+        self.name = name
+        self.km = None
+        self.started = 0  # kernels started for this diagnosis
+        self._log: IO[bytes] | None = None
+
+    def manager(self):
+        """A live kernel manager: the current kernel, or a new one when there is none or it died."""
+        if self.km is not None and self.km.is_alive():
+            return self.km
+        self.discard()
+        from jupyter_client.manager import KernelManager
+
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in discard()
+        km = KernelManager(kernel_name=self.name)
+        km.start_kernel(stdout=self._log, stderr=self._log, extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        self.km = km
+        self.started += 1
+        return km
+
+    def alive(self) -> bool:
+        return self.km is not None and self.km.is_alive()
+
+    def discard(self) -> None:
+        """Shut the kernel down (the next notebook gets a fresh one)."""
+        if self.km is not None:
+            try:
+                self.km.shutdown_kernel(now=True)
+            except Exception:  # noqa: BLE001 - a dead kernel may refuse even that
+                pass
+            self.km = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Kernel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.discard()
