@@ -1,4 +1,4 @@
-"""The interactive panel without a browser (its widgets hold their state in Python), the text views of results,
+"""The interactive panel without a browser (its widgets hold their state in Python), the display model of results,
 and the JupyterLab workspace `make lab` opens."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 
 from workbench.interactive.lab import free_loopback_port, workspace
 from workbench.interactive.panel import GROUPS, Panel, PanelSession
-from workbench.report.text import html_to_text
+from workbench.report.display import Bold, Code, Details, Display, Heading, Paragraph, Pre, Table
 
 
 def test_the_path_box_validates_and_shows_the_base_an_adapter_resolves_to(demo, tmp_path):
@@ -64,7 +64,7 @@ def test_only_the_ticked_groups_run_and_a_crashing_probe_does_not_stop_the_rest(
     assert json.loads(next(tmp_path.glob("findings.panel.*.json")).read_text())["findings"]
 
 
-def test_results_print_as_text_derived_from_their_html(demo):
+def test_results_print_as_text_from_the_blocks_their_html_comes_from(demo):
     import workbench as wb
 
     target = wb.resolve_target(str(demo.qwen_stage2))
@@ -74,21 +74,51 @@ def test_results_print_as_text_derived_from_their_html(demo):
     assert repr(target).splitlines()[0].startswith("checkpoint")
 
 
-@pytest.mark.parametrize("html, expected", [
-    ("<h3>Census</h3><table><tr><th>dtype</th><th>n</th></tr><tr><td>bf16</td><td>3</td></tr></table>",
-     "Census\n\ndtype  n\n-----  -\nbf16   3"),
-    ("<p>one</p><ul><li>a</li><li>b <code>c</code></li></ul><style>p{}</style>", "one\n\n- a\n\n- b c"),
-    ("<table><tr><td>x<details><summary>evidence</summary><pre>{}</pre></details></td></tr></table>", "x"),
-])
-def test_html_to_text(html, expected):
-    assert html_to_text(html) == expected
+def test_a_heading_and_a_table_print_as_aligned_text_and_render_as_html():
+    census = Display(Heading("Census", level=3), Table(["dtype", "n"], [["bf16", 3]]))
+    assert census.text() == "Census\n\ndtype  n\n-----  -\nbf16   3"
+    assert census.html() == ('<h3>Census</h3><table class="wb-table"><thead><tr><th>dtype</th><th>n</th></tr></thead>'
+                             "<tbody><tr><td>bf16</td><td>3</td></tr></tbody></table>")
+
+
+def test_folded_evidence_shows_in_html_and_stays_out_of_text():
+    shown = Display(Paragraph("one ", Code("c")), Table(["x"], [[Bold("y")], ["z"]]),
+                    Details("evidence", Pre("{secret: 1}")))
+    assert shown.text() == "one c\n\nx\n-\ny\nz"
+    assert "<details><summary>evidence</summary><pre>{secret: 1}</pre></details>" in shown.html()
+    cell = Table(["finding"], [[Paragraph("x", Details("evidence", Pre("{}")))]])
+    assert cell.text() == "finding\n-------\nx" and "<pre>{}</pre>" in cell.html()
 
 
 def test_wide_tables_print_as_records():
-    row = "<tr>" + "".join(f"<td>{'v' * 30}{i}</td>" for i in range(6)) + "</tr>"
-    head = "<tr>" + "".join(f"<th>col{i}</th>" for i in range(6)) + "</tr>"
-    text = html_to_text(f"<table>{head}{row}</table>")
+    wide = Table([f"col{i}" for i in range(6)], [[f"{'v' * 30}{i}" for i in range(6)]])
+    text = wide.text()
     assert text.splitlines()[0] == "col0  " + "v" * 30 + "0"
+    assert text.splitlines()[5] == "col5  " + "v" * 30 + "5"
+
+
+def test_html_and_text_show_the_same_cells(demo):
+    import html
+
+    import workbench as wb
+
+    result = wb.checkpoint_probe(wb.resolve_target(str(demo.qwen_stage2)))
+    shown = result.display()
+    assert shown.html() == result._repr_html_() and shown.text() == repr(result)
+    tables = [b for b in shown.blocks if isinstance(b, Table)]
+    census = next(t for t in tables if t.columns and "dtype" in t.columns)
+    for row in census.rows:
+        for value in row:
+            assert f">{html.escape(str(value))}<" in shown.html() and str(value) in shown.text()
+
+
+def test_strings_from_a_checkpoint_are_escaped_in_html_and_kept_in_text():
+    name = '<script>alert(1)</script> "model.layers"'
+    shown = Display(Heading(name), Paragraph(Code(name)), Table([name], [[name, Code(name)]]),
+                    Table(None, [[name, name]], row_headers=True))
+    assert "<script>" not in shown.html() and shown.html().count("&lt;script&gt;alert(1)&lt;/script&gt;") == 7
+    assert "&quot;model.layers&quot;" in shown.html()
+    assert shown.text().count(name) == 7
 
 
 def test_the_lab_workspace_opens_the_panel_first_then_the_numbered_notebooks(tmp_path):

@@ -74,10 +74,14 @@ class Finding:
             fix="Read the traceback in the evidence; if the input is at fault, fix it and re-run.",
         )
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import findings_table
+    def display(self):
+        from workbench.report.display import Display
+        from workbench.report.html import findings_block
 
-        return findings_table([self])
+        return Display(findings_block([self]))
+
+    def _repr_html_(self) -> str:
+        return self.display().html()
 
 
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:

@@ -104,8 +104,8 @@ class NotebookSession(TextRepr):
         value = self.results[name]
         return None if ref.endswith("?") and isinstance(value, Failed) else value
 
-    def _repr_html_(self) -> str:
-        return self.target._repr_html_()
+    def display(self):
+        return self.target.display()
 
 
 def _guarded(prepared):

@@ -23,8 +23,8 @@ from workbench.findings import Finding, sort_findings, write_json_atomic
 from workbench.report.text import TextRepr
 
 
-@dataclasses.dataclass
-class Failed:
+@dataclasses.dataclass(repr=False)
+class Failed(TextRepr):
     """What a probe returned when it crashed or could not run."""
 
     step: str
@@ -35,16 +35,13 @@ class Failed:
     def __bool__(self) -> bool:
         return False
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc
+    def display(self):
+        from workbench.report.display import Bold, Box, Code, Details, Display, Inline, Pre
 
-        tb = f"<details><summary>traceback</summary><pre>{esc(self.traceback)}</pre></details>" if self.traceback else ""
-        hint = " · <code>%debug</code> opens the debugger at the failure" if self.exception is not None else ""
-        return (f'<div style="border-left:4px solid #7b1fa2;padding:4px 8px;background:#f3e5f5">'
-                f"<b>{esc(self.step)} could not run</b>: {esc(self.message)}{hint}{tb}</div>")
-
-    def __repr__(self) -> str:
-        return f"{self.step} could not run: {self.message}"
+        debug = self.exception is not None
+        hint = Inline(" · ", Code("%debug"), " opens the debugger at the failure") if debug else None
+        return Display(Box("#7b1fa2", "#f3e5f5", Inline(Bold(f"{self.step} could not run"), f": {self.message}", hint),
+                           Details("traceback", Pre(self.traceback)) if self.traceback else None))
 
     def reraise(self) -> None:
         """Raise the original exception again (with its traceback), e.g. to step into it."""
@@ -96,7 +93,8 @@ class FindingsRecorder(TextRepr):
         write_json_atomic(self.path, {"notebook": self.notebook, "cost": self.cost,
                                       "findings": [f.to_dict() for f in sort_findings(self.findings)]})
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, findings_table
+    def display(self):
+        from workbench.report.display import Display, Heading
+        from workbench.report.html import findings_block
 
-        return f"<h3>Findings · {esc(self.notebook)}</h3>" + findings_table(self.findings)
+        return Display(Heading(f"Findings · {self.notebook}", level=3), findings_block(self.findings))

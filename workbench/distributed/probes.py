@@ -111,28 +111,28 @@ class DistributedResult(TextRepr):
                        "torchrun's output is in the evidence.", evidence, "Read torchrun's output in the evidence.")
 
     # ----- display -----
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, findings_table
+    def display(self):
+        from workbench.report.display import Code, Details, Display, Heading, Paragraph, Pre, Table
+        from workbench.report.html import findings_block
 
         if self.skipped:
-            return findings_table(self.findings())
-        head = (f"<h3>Under torchrun: {self.ranks} rank(s), {esc(self.backend)}</h3>"
-                f"<p>{esc(self.launch.get('command', ''))} — {self.launch.get('seconds', 0)} s</p>")
-        parts = [head, findings_table(self.findings()), "<h4>Rank by rank</h4>", _table(self.rank_rows())]
+            return Display(findings_block(self.findings()))
+        parts = [Heading(f"Under torchrun: {self.ranks} rank(s), {self.backend}", level=3),
+                 Paragraph(f"{self.launch.get('command', '')} — {self.launch.get('seconds', 0)} s"),
+                 findings_block(self.findings()), Heading("Rank by rank"), Table.from_records(self.rank_rows())]
         if self.prefix_rows():
             names = (self.section("ddp") or {}).get("names", {})
             bare, wrapped = (names.get("bare_example") or [""])[0], (names.get("wrapped_example") or [""])[0]
-            parts += ["<h4>Name-based selections: bare model and under DDP</h4>",
-                      f"<p><code>{esc(bare)}</code> is <code>{esc(wrapped)}</code> on the DDP wrapper: a selection "
-                      "anchored at the start of the name finds nothing there.</p>", _table(self.prefix_rows())]
+            parts += [Heading("Name-based selections: bare model and under DDP"),
+                      Paragraph(Code(bare), " is ", Code(wrapped), " on the DDP wrapper: a selection anchored at the "
+                                "start of the name finds nothing there."), Table.from_records(self.prefix_rows())]
         fsdp = self.section("fsdp") or {}
         if fsdp.get("buffers"):
-            parts += ["<h4>Floating buffers the FSDP2 policy leaves alone</h4>", _table(fsdp["buffers"])]
+            parts += [Heading("Floating buffers the FSDP2 policy leaves alone"), Table.from_records(fsdp["buffers"])]
         if fsdp.get("flow"):
-            parts += ["<h4>FSDP2 step, traced around the break</h4>", _table(fsdp["flow"])]
-        parts.append(f"<details><summary>torchrun output</summary><pre>{esc(self.launch.get('output_tail', ''))}"
-                     "</pre></details>")
-        return "".join(parts)
+            parts += [Heading("FSDP2 step, traced around the break"), Table.from_records(fsdp["flow"])]
+        parts.append(Details("torchrun output", Pre(self.launch.get("output_tail", ""))))
+        return Display(*parts)
 
     def rank_rows(self) -> list[dict[str, Any]]:
         """One row per fact, one column per rank: what each rank did, side by side."""
@@ -168,14 +168,6 @@ def _stages(stages: dict[int, str]) -> str:
 
 def _seconds(data: dict[str, Any]) -> Any:
     return max(data.get("stages", {}).values(), default=0)
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    import pandas as pd
-
-    from workbench.report.html import frame_html
-
-    return frame_html(pd.DataFrame(rows).fillna("")) if rows else ""
 
 
 def _memory_refusal(target, ranks: int) -> dict[str, str] | None:

@@ -164,12 +164,12 @@ class StaticCensus(TextRepr):
 
         return pd.DataFrame(self.rows, columns=["source", "component", "dtype", "tensors", "elements", "bytes"])
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import frame_html
+    def display(self):
+        from workbench.report.display import Display, Paragraph, Table
 
-        note = (f"<p>Read {self.bytes_read:,} header bytes; no weight was loaded. Keys mapped via "
-                f"{self.key_mapping}.</p>") + (f"<p>{self.tied_note()}</p>" if self.tied else "")
-        return note + frame_html(self.to_frame())
+        return Display(Paragraph(f"Read {self.bytes_read:,} header bytes; no weight was loaded. Keys mapped via "
+                                 f"{self.key_mapping}."), Paragraph(self.tied_note()) if self.tied else None,
+                       Table.from_frame(self.to_frame()))
 
     def dtypes_by_component(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = defaultdict(dict)

@@ -169,10 +169,10 @@ class PreparedModel(TextRepr):
     setup: str
     description: str
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc
+    def display(self):
+        from workbench.report.display import Code, Display, Paragraph
 
-        return f"<p>Set-up <code>{esc(self.setup)}</code>: {esc(self.description)}</p>"
+        return Display(Paragraph("Set-up ", Code(self.setup), ": ", self.description))
 
 
 def prepare_model(target) -> PreparedModel:

@@ -68,12 +68,11 @@ class Target(TextRepr):
             "trust_remote_code": self.trust_remote_code, "allow_pickle": self.allow_pickle,
         }
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc
+    def display(self):
+        from workbench.report.display import Code, Display, Table
 
-        rows = "".join(f"<tr><th style='text-align:left'>{esc(k)}</th><td><code>{esc(str(v))}</code></td></tr>"
-                       for k, v in self.as_contract().items() if v not in (None, ""))
-        return f"<table class='wb-table'>{rows}</table>"
+        rows = [[k, Code(v)] for k, v in self.as_contract().items() if v not in (None, "")]
+        return Display(Table(None, rows, row_headers=True, left=True))
 
 
 def resolve_local(ref: str, *, what: str, relative_to: Path | None = None) -> Path:

@@ -1,54 +1,55 @@
-"""Small HTML renderers shared by result objects and the report index. Everything interpolated is escaped."""
+"""Display blocks shared by result objects and the report index: verdict badges, the findings table, figures.
+
+They are built from `workbench.report.display`, which escapes everything interpolated."""
 
 from __future__ import annotations
 
-import html
 import json
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
-from workbench.findings import VERDICT_COLOURS, Finding, sort_findings
+from workbench.findings import Finding, sort_findings
+from workbench.report.display import Badge, Bold, Code, Details, Figure, Inline, Italic, Line, Link, Pre, Table, esc
 
-esc = html.escape
-LEFT = ' style="text-align:left"'  # JupyterLab right-aligns table cells; prose reads left-aligned
+__all__ = ["esc", "verdict_badge", "findings_block", "findings_table", "figure"]
+
+MAX_EVIDENCE = 6000  # characters of evidence shown inline; findings.json keeps all of it
 
 
 def verdict_badge(verdict: str) -> str:
-    colour = VERDICT_COLOURS.get(verdict, "#000")
-    return (f'<span style="background:{colour};color:#fff;border-radius:3px;padding:1px 6px;'
-            f'font-weight:600;font-size:0.85em">{esc(verdict.upper())}</span>')
+    return Badge(verdict).html()
 
 
-def frame_html(frame) -> str:
-    return frame.to_html(index=False, escape=True, border=0, classes="wb-table")
+def findings_block(findings: Iterable[Finding], link_notebooks: bool = False) -> Table:
+    """Worst first: verdict, check, title with detail and fix (evidence folded), notebook."""
+    rows = []
+    for f in sort_findings(findings):
+        where = Link(f"{f.notebook}.html", f.notebook) if link_notebooks and f.notebook else (f.notebook or "")
+        evidence = json.dumps(f.evidence, indent=1, default=str)
+        if len(evidence) > MAX_EVIDENCE:
+            evidence = evidence[:MAX_EVIDENCE] + "\n… (truncated; full evidence in findings.json)"
+        finding = Inline(Bold(f.title), Line(f.detail), Line(Italic("Fix:"), " ", f.fix) if f.fix else None,
+                         Details("evidence", Pre(evidence)))
+        rows.append([Badge(f.verdict), Code(f.id), finding, where])
+    return Table(["verdict", "check", "finding", "notebook"], rows, css_class="wb-findings", left=True)
 
 
 def findings_table(findings: Iterable[Finding], link_notebooks: bool = False) -> str:
-    rows = []
-    for f in sort_findings(findings):
-        where = esc(f.notebook or "")
-        if link_notebooks and f.notebook:
-            where = f'<a href="{esc(f.notebook)}.html">{where}</a>'
-        evidence = json.dumps(f.evidence, indent=1, default=str)
-        if len(evidence) > 6000:
-            evidence = evidence[:6000] + "\n… (truncated; full evidence in findings.json)"
-        rows.append(
-            f"<tr{LEFT}><td{LEFT}>{verdict_badge(f.verdict)}</td><td{LEFT}><code>{esc(f.id)}</code></td>"
-            f"<td{LEFT}><b>{esc(f.title)}</b><div>{esc(f.detail)}</div>"
-            + (f"<div><i>Fix:</i> {esc(f.fix)}</div>" if f.fix else "")
-            + f"<details><summary>evidence</summary><pre>{esc(evidence)}</pre></details></td>"
-            f"<td{LEFT}>{where}</td></tr>")
-    head = "".join(f"<th{LEFT}>{h}</th>" for h in ("verdict", "check", "finding", "notebook"))
-    return f'<table class="wb-findings"><thead><tr>{head}</tr></thead><tbody>' + "".join(rows) + "</tbody></table>"
+    return findings_block(findings, link_notebooks).html()
 
 
-def figure_html(fig) -> str:
-    """A matplotlib figure as an inline PNG: static, offline, no widget needed."""
-    import base64
-    import io
+def figure(draw: Callable[[], Any], alt: str) -> Figure:
+    """What `draw()` plots (a matplotlib figure) as an inline PNG: static, offline, no widget needed.
 
-    import matplotlib.pyplot as plt
+    Drawn only when the HTML is asked for: the text view shows `alt` and needs no matplotlib."""
+    def png() -> str:
+        import base64
+        import io
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}"/>'
+        import matplotlib.pyplot as plt
+
+        fig, buf = draw(), io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        return f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}"/>'
+
+    return Figure(png, alt)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.findings import Finding, sort_findings, worst_verdict
+from workbench.report.display import Badge, Code, Link, Table
 from workbench.report.html import esc, findings_table, verdict_badge
 
 STYLE = """
@@ -24,17 +25,15 @@ th{background:#f5f5f5} code{font-size:0.9em} pre{white-space:pre-wrap;font-size:
 
 
 def _kv_table(data: dict[str, Any]) -> str:
-    rows = "".join(f"<tr><th>{esc(str(k))}</th><td><code>{esc(str(v))}</code></td></tr>"
-                   for k, v in data.items() if v not in (None, "", [], {}))
-    return f"<table>{rows}</table>"
+    rows = [[k, Code(v)] for k, v in data.items() if v not in (None, "", [], {})]
+    return Table(None, rows, css_class="", row_headers=True).html()
 
 
-def _notebook_row(run: dict[str, Any]) -> str:
-    name = esc(run["name"])
-    link = f'<a href="{esc(run["html"])}">{name}</a>' if run.get("html") else name
-    status = verdict_badge("error" if run["status"] == "error" else "pass")
-    return (f"<tr><td>{status}</td><td>{link}</td><td>{run['seconds']:.1f} s</td>"
-            f'<td><a href="{name}.ipynb">notebook</a></td><td>{esc(run.get("error") or "")}</td></tr>')
+def _notebooks_table(runs: list[dict[str, Any]]) -> str:
+    rows = [[Badge("error" if run["status"] == "error" else "pass"),
+             Link(run["html"], run["name"]) if run.get("html") else run["name"], f"{run['seconds']:.1f} s",
+             Link(f"{run['name']}.ipynb", "notebook"), run.get("error") or ""] for run in runs]
+    return Table(["status", "report", "time", "executed", "error"], rows, css_class="").html()
 
 
 def _cost(report: dict[str, Any]) -> str:
@@ -56,7 +55,6 @@ def render_index(report: dict[str, Any]) -> str:
     counts = Counter(f.verdict for f in findings)
     summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: kv[0]))
     headline = next((f for f in sort_findings(findings)), None)
-    notebooks = "".join(_notebook_row(n) for n in report["notebooks"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Diagnosis: {esc(report['target']['checkpoint'])}</title>
 <style>{STYLE}</style></head><body>
@@ -66,8 +64,7 @@ def render_index(report: dict[str, Any]) -> str:
 <h2>Findings, worst first</h2>
 {findings_table(findings, link_notebooks=True)}
 <h2>Notebooks</h2>
-<table><thead><tr><th>status</th><th>report</th><th>time</th><th>executed</th><th>error</th></tr></thead>
-<tbody>{notebooks}</tbody></table>
+{_notebooks_table(report["notebooks"])}
 {_cost(report)}
 <h2>Target</h2>{_kv_table(report['target'])}
 <h2>Environment</h2>{_kv_table(report['environment'])}
@@ -99,15 +96,14 @@ def write_reports_index(reports_dir: Path) -> Path:
         counts = Counter(verdicts)
         rel = f"{folder.parent.name}/{folder.name}/index.html"
         target = report.get("target", {})
-        rows.append(f"<tr><td>{verdict_badge(worst)}</td><td><a href=\"{esc(rel)}\">{esc(folder.parent.name)} "
-                    f"{esc(folder.name)}</a></td><td><code>{esc(str(target.get('checkpoint', '')))}</code></td>"
-                    f"<td>{esc(str(target.get('quant', '')))} · {esc(str(target.get('gpus', '')))} GPU(s) · "
-                    f"{esc(str(target.get('setup', '')))}</td>"
-                    f"<td>{esc(', '.join(f'{n} {v}' for v, n in sorted(counts.items())))}</td></tr>")
+        rows.append([Badge(worst), Link(rel, f"{folder.parent.name} {folder.name}"),
+                     Code(target.get("checkpoint", "")),
+                     f"{target.get('quant', '')} · {target.get('gpus', '')} GPU(s) · {target.get('setup', '')}",
+                     ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))])
+    table = Table(["worst", "run", "checkpoint", "set-up", "verdicts"], rows, css_class="").html()
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Diagnosis reports</title>"
             f"<style>{STYLE}</style></head><body><h1>Diagnosis reports</h1><p>{len(rows)} run(s), newest first.</p>"
-            "<table><thead><tr><th>worst</th><th>run</th><th>checkpoint</th><th>set-up</th><th>verdicts</th></tr>"
-            f"</thead><tbody>{''.join(rows)}</tbody></table></body></html>")
+            f"{table}</body></html>")
     path = Path(reports_dir) / "index.html"
     tmp = path.with_name(f".index.{os.getpid()}.tmp")
     tmp.write_text(page)

@@ -53,12 +53,11 @@ class BufferResult(TextRepr):
         return [Finding("forward.mixed_precision_buffers", "pass", "No floating buffer outside the compute dtype",
                         "FSDP mixed precision would leave nothing in another dtype.", evidence)]
 
-    def _repr_html_(self) -> str:
-        import pandas as pd
+    def display(self):
+        from workbench.report.display import Display, Table
+        from workbench.report.html import findings_block
 
-        from workbench.report.html import findings_table, frame_html
-
-        return findings_table(self.findings()) + frame_html(pd.DataFrame(self.buffers).head(100))
+        return Display(findings_block(self.findings()), Table.from_records(self.buffers[:100]))
 
 
 def mixed_precision_buffer_probe(prepared, target) -> BufferResult:

@@ -81,12 +81,14 @@ class DtypeCensus(TextRepr):
         ax.figure.tight_layout()
         return ax.figure
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, figure_html, frame_html
+    def display(self):
+        from workbench.report.display import Details, Display, Heading, Paragraph, Table
+        from workbench.report.html import figure
 
-        tied = f"<p>{esc(self.tied_note())}</p>" if self.tied else ""
-        return (f"<h4>{esc(self.label)}</h4><p>{esc(self.summary())}</p>" + tied + figure_html(self.plot())
-                + "<details><summary>table</summary>" + frame_html(self.to_frame()) + "</details>")
+        return Display(Heading(self.label), Paragraph(self.summary()),
+                       Paragraph(self.tied_note()) if self.tied else None,
+                       figure(self.plot, f"{self.label}: tensors per component by dtype"),
+                       Details("table", Table.from_frame(self.to_frame())))
 
 
 def _count(rows: dict, component: str, kind: str, dtype: str, elements: int, nbytes: int, trainable: bool) -> None:

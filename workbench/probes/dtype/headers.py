@@ -39,17 +39,18 @@ class CheckpointResult(TextRepr):
 
         return pd.concat([c.to_frame() for c in self.censuses], ignore_index=True)
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, findings_table, frame_html
+    def display(self):
+        from workbench.report.display import Display, Paragraph, Table
+        from workbench.report.html import findings_block
 
         reads = sum(c.bytes_read for c in self.censuses)
         unmapped = [k for c in self.censuses for k in c.unmapped]
-        note = f"<p>Header-only census: {reads:,} bytes read, no weight loaded; keys mapped via " \
-               f"{esc(self.censuses[0].key_mapping) if self.censuses else '-'}.</p>"
-        note += "".join(f"<p>{esc(c.tied_note())}</p>" for c in self.censuses if c.tied)
-        if unmapped:
-            note += f"<p>Keys matched to no module (counted as other): {esc(', '.join(unmapped[:8]))}</p>"
-        return findings_table(self.findings()) + note + frame_html(self.to_frame())
+        note = Paragraph(f"Header-only census: {reads:,} bytes read, no weight loaded; keys mapped via "
+                         f"{self.censuses[0].key_mapping if self.censuses else '-'}.")
+        tied = [Paragraph(c.tied_note()) for c in self.censuses if c.tied]
+        unmatched = (Paragraph(f"Keys matched to no module (counted as other): {', '.join(unmapped[:8])}")
+                     if unmapped else None)
+        return Display(findings_block(self.findings()), note, *tied, unmatched, Table.from_frame(self.to_frame()))
 
 
 def checkpoint_probe(target) -> CheckpointResult:

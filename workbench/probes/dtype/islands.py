@@ -70,12 +70,12 @@ class Islands(TextRepr):
                              columns=["name", "kind", "dtype", "component", "module_frozen", "intentional"])
         return frame.fillna({"intentional": ""})
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import frame_html
+    def display(self):
+        from workbench.report.display import Bold, Display, Paragraph, Table
 
-        head = (f"<p>Compute dtype <b>{self.compute_dtype}</b>: {len(self.suspicious)} suspicious, "
-                f"{len(self.islands) - len(self.suspicious)} intentional island(s).</p>")
-        return head + frame_html(self.to_frame().head(200))
+        head = Paragraph("Compute dtype ", Bold(self.compute_dtype), f": {len(self.suspicious)} suspicious, "
+                         f"{len(self.islands) - len(self.suspicious)} intentional island(s).")
+        return Display(head, Table.from_frame(self.to_frame().head(200)))
 
     def finding(self) -> Finding:
         sus = self.suspicious

@@ -27,8 +27,8 @@ class LoadedCensusResult(TextRepr):
     def findings(self) -> list[Finding]:
         return [census_finding(self.census, self.static.censuses[0] if self.static else None)]
 
-    def _repr_html_(self) -> str:
-        return self.census._repr_html_()
+    def display(self):
+        return self.census.display()
 
 
 def loaded_census_probe(prepared, target, static: CheckpointResult | None = None) -> LoadedCensusResult:
@@ -46,10 +46,10 @@ class QuantizedResult(TextRepr):
     def findings(self) -> list[Finding]:
         return [quantized_finding(self.predictions, self.reals)]
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import frame_html
+    def display(self):
+        from workbench.report.display import Display, Heading, Table
 
-        return "<h4>Parameter dtypes per component, by scenario</h4>" + frame_html(self.comparison)
+        return Display(Heading("Parameter dtypes per component, by scenario"), Table.from_frame(self.comparison))
 
 
 def _real_quantized_census(target, quant: str, overrides) -> DtypeCensus | str:
@@ -143,8 +143,8 @@ class IslandResult(TextRepr):
     def findings(self) -> list[Finding]:
         return [self.report.finding()]
 
-    def _repr_html_(self) -> str:
-        return self.report._repr_html_()
+    def display(self):
+        return self.report.display()
 
 
 def fp32_island_probe(prepared, target=None) -> IslandResult:

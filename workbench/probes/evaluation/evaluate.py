@@ -298,18 +298,15 @@ class EvaluationResult(TextRepr):
                         {"recipes": {n: f.evidence for n, f in per}}, worst.fix)]
 
     # --- display ------------------------------------------------------------------------------------------------
-    def chart_html(self) -> str:
+    def plot(self, rows: list[dict[str, Any]]):
+        """The table's metric columns as grouped bars, one group per recipe row."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from workbench.report.html import figure_html
         from workbench.probes.evaluation.metrics import TABLE_COLUMNS
 
-        rows = [r for r in self.table() if r["Mean IoU"] is not None]
-        if not rows:
-            return ""
         labels = list(TABLE_COLUMNS.values())
         fig, ax = plt.subplots(figsize=(8, 3.2))
         width = 0.8 / len(labels)
@@ -320,39 +317,39 @@ class EvaluationResult(TextRepr):
         ax.legend(fontsize=8, ncols=4, loc="upper left")
         ax.set_title("Recipes on the evaluation set")
         fig.tight_layout()
-        return figure_html(fig)
+        return fig
 
-    def _repr_html_(self) -> str:
-        import pandas as pd
+    def display(self):
+        from workbench.report.display import Bold, Code, Details, Display, Heading, Paragraph, Table
+        from workbench.report.html import figure, findings_block
 
-        from workbench.report.html import esc, findings_table, frame_html
-
-        frame = pd.DataFrame(self.table())
+        table = self.table()
+        scored = [r for r in table if r["Mean IoU"] is not None]
+        chart = (figure(lambda: self.plot(scored), "the recipes' metrics on the evaluation set, as bars")
+                 if scored else None)
         best, reference, metric = self.best()
-        best_line = ""
+        best_line = None
         if best is not None:
-            best_line = f"<p><b>Best recipe: {esc(best.name)}</b> ({esc(metric)} {best.summary[metric]:.4f}"
+            gain = ""
             if reference is not None and (reference.summary or {}).get(metric):
                 base = reference.summary[metric]
-                best_line += f", {(best.summary[metric] - base) / base:+.1%} over the base"
-            best_line += ")</p>"
+                gain = f", {(best.summary[metric] - base) / base:+.1%} over the base"
+            best_line = Paragraph(Bold(f"Best recipe: {best.name}"), f" ({metric} {best.summary[metric]:.4f}{gain})")
         failures = [(o.name, r) for o in self.outcomes for r in o.records if r.error][:30]
-        failure_rows = "".join(f"<tr><td>{esc(n)}</td><td>{r.index}</td><td>{esc(r.error_kind or '')}</td>"
-                               f"<td>{esc((r.error or '')[:200])}</td><td><code>{esc((r.prediction or '')[:80])}"
-                               "</code></td></tr>" for n, r in failures)
-        failure_table = ("<details><summary>Per-sample failures (" + str(len(failures)) + ")</summary>"
-                         "<table class='wb-table'><tr><th>recipe</th><th>sample</th><th>kind</th><th>error</th>"
-                         f"<th>answer</th></tr>{failure_rows}</table></details>") if failures else ""
-        memory = pd.DataFrame([{"recipe": o.name, **{k: (f"{v / 2**20:.1f} MiB" if k != "seconds" else v)
-                                                      for k, v in o.memory.items()}} for o in self.outcomes])
-        lineage = "".join(f"<h4>{esc(o.name)}</h4>{o.lineage._repr_html_()}" for o in self.outcomes
-                          if o.lineage is not None)
-        placement = "".join(f"<h4>{esc(o.name)}</h4>{o.placement._repr_html_()}" for o in self.outcomes
-                            if o.placement is not None and o.placement.device_map)
-        return (findings_table(self.findings()) + best_line + frame_html(frame) + self.chart_html() + failure_table
-                + f"<h3>Memory per recipe ({esc(self.memory_kind)})</h3>" + frame_html(memory)
-                + ("<h3>Adapter lineage</h3>" + lineage if lineage else "")
-                + ("<h3>Placement</h3>" + placement if placement else ""))
+        failure_table = Details(f"Per-sample failures ({len(failures)})", Table(
+            ["recipe", "sample", "kind", "error", "answer"],
+            [[n, r.index, r.error_kind or "", (r.error or "")[:200], Code((r.prediction or "")[:80])]
+             for n, r in failures])) if failures else None
+        memory = [{"recipe": o.name, **{k: (f"{v / 2**20:.1f} MiB" if k != "seconds" else v)
+                                        for k, v in o.memory.items()}} for o in self.outcomes]
+        lineage = [Display(Heading(o.name), o.lineage.display()) for o in self.outcomes if o.lineage is not None]
+        placement = [Display(Heading(o.name), o.placement.display()) for o in self.outcomes
+                     if o.placement is not None and o.placement.device_map]
+        return Display(findings_block(self.findings()), best_line, Table.from_records(table), chart,
+                       failure_table, Heading(f"Memory per recipe ({self.memory_kind})", level=3),
+                       Table.from_records(memory),
+                       *([Heading("Adapter lineage", level=3), *lineage] if lineage else []),
+                       *([Heading("Placement", level=3), *placement] if placement else []))
 
 
 def _progress_bar(total: int, name: str):

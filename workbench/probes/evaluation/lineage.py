@@ -196,22 +196,22 @@ class LineageResult(TextRepr):
                  for a, b, label in self.edges]
         return "; ".join(parts)
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, findings_table
+    def display(self):
+        from workbench.report.display import Display, Figure, Paragraph
+        from workbench.report.html import findings_block
 
-        return (findings_table(self.findings()) + f"<p>Lineage: {esc(self.chain_text())}</p>"
-                + lineage_svg(self.chain, self.edges)
-                + (_differences_table(self.base_differences) if self.base_differences else ""))
+        # the drawing's text alternative is the paragraph before it, so text shows the chain once
+        return Display(findings_block(self.findings()), Paragraph(f"Lineage: {self.chain_text()}"),
+                       Figure(lineage_svg(self.chain, self.edges), alt=""),
+                       _differences_table(self.base_differences) if self.base_differences else None)
 
 
-def _differences_table(diff: dict[str, dict[str, int]]) -> str:
-    from workbench.report.html import esc
+def _differences_table(diff: dict[str, dict[str, int]]):
+    from workbench.report.display import Display, Paragraph, Table
 
-    rows = "".join(f"<tr><td>{esc(c)}</td><td>{r['identical']}</td><td>{r['different']}</td>"
-                   f"<td>{r['only_in_one']}</td></tr>" for c, r in sorted(diff.items()))
-    return ("<p>Recorded base against loaded base, per component (sampled bytes of every tensor):</p>"
-            "<table class='wb-table'><tr><th>component</th><th>identical</th><th>different</th>"
-            f"<th>only in one</th></tr>{rows}</table>")
+    rows = [[c, r["identical"], r["different"], r["only_in_one"]] for c, r in sorted(diff.items())]
+    return Display(Paragraph("Recorded base against loaded base, per component (sampled bytes of every tensor):"),
+                   Table(["component", "identical", "different", "only in one"], rows))
 
 
 COLOURS = {"reference": "#eceff1", "base": "#e3f2fd", "adapter": "#e8f5e9", "loaded": "#ffebee"}

@@ -81,14 +81,15 @@ class PlacementResult(TextRepr):
                         detail + f"Attention ({self.attn_implementation}) still runs, slowly: offloaded weights are "
                         "moved in for every forward.", evidence, fix)]
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, findings_table
+    def display(self):
+        from workbench.report.display import Cell, Code, Display, Paragraph, Table
+        from workbench.report.html import findings_block
 
-        rows = "".join(f"<tr><td><code>{esc(p['module'] or '(whole model)')}</code></td><td>{esc(p['device'])}</td>"
-                       f"<td style='text-align:right'>{p['bytes']:,}</td></tr>" for p in self.placed[:60])
-        table = (f"<table class='wb-table'><tr><th>module</th><th>device</th><th>bytes</th></tr>{rows}</table>"
-                 if rows else "<p>No device map: the model sits on one device.</p>")
-        return findings_table(self.findings()) + table
+        rows = [[Code(p["module"] or "(whole model)"), p["device"], Cell(f"{p['bytes']:,}", align="right")]
+                for p in self.placed[:60]]
+        table = (Table(["module", "device", "bytes"], rows) if rows
+                 else Paragraph("No device map: the model sits on one device."))
+        return Display(findings_block(self.findings()), table)
 
 
 def placement_of(model: nn.Module, name: str = "model") -> PlacementResult:

@@ -61,17 +61,14 @@ class RecipeList(TextRepr):
     max_new_tokens: int = 24
     source: str = "the command line"
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc
+    def display(self):
+        from workbench.report.display import Code, Display, Paragraph, Table
 
-        rows = "".join(f"<tr><td>{esc(r.name)}</td><td>{esc(r.kind_or_missing())}</td>"
-                       f"<td><code>{esc(r.path)}</code></td>"
-                       f"<td><code>{esc(r.base or '')}</code></td></tr>" for r in self.recipes)
-        return (f"<p>{len(self.recipes)} recipe(s) from {esc(self.source)}; reference base: "
-                f"<code>{esc(self.reference or 'none')}</code>; dataset: <code>{esc(self.dataset or 'none')}</code>"
-                + (f" (first {self.max_samples} rows)" if self.max_samples else "") + "</p>"
-                "<table class='wb-table'><tr><th>recipe</th><th>kind</th><th>path</th><th>base override</th></tr>"
-                f"{rows}</table>")
+        rows = [[r.name, r.kind_or_missing(), Code(r.path), Code(r.base or "")] for r in self.recipes]
+        return Display(Paragraph(f"{len(self.recipes)} recipe(s) from {self.source}; reference base: ",
+                                 Code(self.reference or "none"), "; dataset: ", Code(self.dataset or "none"),
+                                 f" (first {self.max_samples} rows)" if self.max_samples else ""),
+                       Table(["recipe", "kind", "path", "base override"], rows))
 
 
 def _absolute(ref: str | None, folder: Path) -> str | None:

@@ -127,17 +127,18 @@ class GradFlowResult(TextRepr):
                            "pass find_unused_parameters=True" if unused else "")
                         + (f". Inputs: {self.inputs_how}" if self.inputs_how else ""), evidence)]
 
-    def _repr_html_(self) -> str:
+    def display(self):
         import pandas as pd
 
-        from workbench.report.html import findings_table, frame_html
+        from workbench.report.display import Details, Display, Table
+        from workbench.report.html import findings_block
 
         summary = pd.DataFrame([{"component/role": k, **v} for k, v in self.summary().items()]).fillna(0)
         bad = self.to_frame()
         bad = bad[bad["status"] != "ok"] if not bad.empty else bad
-        return findings_table(self.findings()) + frame_html(summary) + (
-            "<details><summary>tensors without a gradient</summary>" + frame_html(bad.head(200)) + "</details>"
-            if not bad.empty else "")
+        return Display(findings_block(self.findings()), Table.from_frame(summary),
+                       Details("tensors without a gradient", Table.from_frame(bad.head(200))) if not bad.empty
+                       else None)
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:

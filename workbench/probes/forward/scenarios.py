@@ -212,27 +212,22 @@ class ForwardResult(TextRepr):
                            flow_evidence)
         return [scenarios, flow]
 
-    def _repr_html_(self) -> str:
-        import pandas as pd
-
-        from workbench.report.html import esc, findings_table, frame_html
+    def display(self):
+        from workbench.report.display import Cell, Details, Display, Heading, Paragraph, Table
+        from workbench.report.html import findings_block
 
         grid = self.to_frame()
         table = grid.pivot_table(index=["variant", "mode"], columns="context", values="result", aggfunc="first")
         table = table[[c for c in CONTEXTS if c in table.columns]]
         colour = {"pass": "#c8e6c9", "fail": "#ffcdd2"}
-        cells = "".join(
-            "<tr>" + f"<th>{esc(v)} / {esc(m)}</th>" + "".join(
-                f'<td style="background:{colour.get(table.loc[(v, m), c], "#fff")};text-align:center">'
-                f"{esc(str(table.loc[(v, m), c]))}</td>" for c in table.columns) + "</tr>"
-            for v, m in table.index)
-        head = "<tr><th></th>" + "".join(f"<th>{esc(c)}</th>" for c in table.columns) + "</tr>"
-        flow = pd.DataFrame(self.flow)
-        return (findings_table(self.findings()) + f"<p>Inputs: {esc(self.inputs_how)}</p>"
-                + f"<table class='wb-grid'>{head}{cells}</table>"
-                + f"<h4>Dtype flow ({esc(self.traced_cell or 'train / no autocast')})</h4>"
-                + (frame_html(flow) if not flow.empty else "<p>No module with a weight was traced.</p>")
-                + "<details><summary>all cells</summary>" + frame_html(grid) + "</details>")
+        cells = [[f"{v} / {m}", *(Cell(table.loc[(v, m), c], background=colour.get(table.loc[(v, m), c], "#fff"),
+                                       align="center") for c in table.columns)] for v, m in table.index]
+        flow = (Table.from_records(self.flow) if self.flow
+                else Paragraph("No module with a weight was traced."))
+        return Display(findings_block(self.findings()), Paragraph(f"Inputs: {self.inputs_how}"),
+                       Table(["", *table.columns], cells, css_class="wb-grid", row_headers=True),
+                       Heading(f"Dtype flow ({self.traced_cell or 'train / no autocast'})"), flow,
+                       Details("all cells", Table.from_frame(grid)))
 
 
 def with_labels(model: nn.Module, inputs: dict) -> dict:

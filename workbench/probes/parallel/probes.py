@@ -126,20 +126,18 @@ class TrainerWrapResult(TextRepr):
                         f"is_model_parallel={h.is_model_parallel}; {h.steps_per_epoch} steps per epoch." + others,
                         evidence)]
 
-    def _repr_html_(self) -> str:
-        import pandas as pd
+    def display(self):
+        from workbench.report.display import Bullets, Display, Heading, Paragraph, Table
+        from workbench.report.html import findings_block
 
-        from workbench.report.html import esc, findings_table, frame_html
-
-        simulated = "".join(f"<li>{esc(s)}</li>" for s in self.headline.simulated)
-        return (findings_table(self.findings())
-                + f"<h4>What the installed Trainer does</h4><p>Map: {esc(self.map_reason)}.</p>"
-                + (f"<p>Simulated on this machine:</p><ul>{simulated}</ul>" if simulated else "")
-                + frame_html(self.to_frame())
-                + "<h4>Forward as a DataParallel replica runs it</h4>"
-                + frame_html(pd.DataFrame([r.as_row() for r in self.replica]).fillna(""))
-                + "<h4>Other transformers release lines</h4>" + frame_html(pd.DataFrame(self.releases))
-                + "<h4>Fixes</h4>" + frame_html(pd.DataFrame(self.fixes())))
+        simulated = self.headline.simulated
+        return Display(findings_block(self.findings()), Heading("What the installed Trainer does"),
+                       Paragraph(f"Map: {self.map_reason}."),
+                       Paragraph("Simulated on this machine:") if simulated else None, Bullets(simulated),
+                       Table.from_frame(self.to_frame()), Heading("Forward as a DataParallel replica runs it"),
+                       Table.from_records([r.as_row() for r in self.replica]),
+                       Heading("Other transformers release lines"), Table.from_records(self.releases),
+                       Heading("Fixes"), Table.from_records(self.fixes()))
 
 
 def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
@@ -189,13 +187,12 @@ class DeviceMapResult(TextRepr):
     def findings(self) -> list[Finding]:
         return [device_map_finding(self.loaded, self.predictions, self.gpus, self.budget, self.assumed)]
 
-    def _repr_html_(self) -> str:
-        import pandas as pd
-
-        from workbench.report.html import findings_table, frame_html
+    def display(self):
+        from workbench.report.display import Display, Table
+        from workbench.report.html import findings_block
 
         rows = [self.loaded.as_row(), *[p.as_row() for p in self.predictions]]
-        return findings_table(self.findings()) + frame_html(pd.DataFrame(rows))
+        return Display(findings_block(self.findings()), Table.from_records(rows))
 
 
 def device_map_probe(prepared, target) -> DeviceMapResult:

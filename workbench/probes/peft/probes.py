@@ -128,12 +128,13 @@ class AttributeResult(TextRepr):
         return [Finding("peft.attributes", "info", "Trainer-read attributes survive every wrapping step", detail,
                         evidence)]
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, findings_table, frame_html
+    def display(self):
+        from workbench.report.display import Bullets, Display, Paragraph, Table
+        from workbench.report.html import findings_block
 
-        skipped = "".join(f"<li>{esc(s)}</li>" for s in self.skipped)
-        return (findings_table(self.findings()) + frame_html(self.to_frame().reset_index(names="attribute"))
-                + (f"<p>Steps not run:</p><ul>{skipped}</ul>" if skipped else ""))
+        return Display(findings_block(self.findings()),
+                       Table.from_frame(self.to_frame().reset_index(names="attribute")),
+                       Paragraph("Steps not run:") if self.skipped else None, Bullets(self.skipped))
 
 
 def _trainer_model(model: nn.Module, gpus: int) -> nn.Module:
@@ -224,13 +225,12 @@ class LayerStatusResult(TextRepr):
                          "LoRA A/B dtypes match their base layers' compute dtype.")
                         + f" Devices: {status.get('devices')}.", evidence)]
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, findings_table, frame_html
+    def display(self):
+        from workbench.report.display import Display, Table
+        from workbench.report.html import findings_block
 
-        summary = "".join(f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>"
-                          for k, v in (self.model_status or {}).items())
-        return (findings_table(self.findings()) + f"<table class='wb-table'>{summary}</table>"
-                + frame_html(self.to_frame().head(200)))
+        summary = Table(None, (self.model_status or {}).items(), row_headers=True)
+        return Display(findings_block(self.findings()), summary, Table.from_frame(self.to_frame().head(200)))
 
 
 def _base_compute_dtype(layer: nn.Module) -> str:
