@@ -173,8 +173,6 @@ def update_norm(a, b) -> float:
 
 
 def adapter_weights(files: SavedFiles) -> AdapterWeightsResult:
-    from safetensors import safe_open
-
     if files.adapter_dir is None or files.adapter is None:
         return AdapterWeightsResult(None, skipped="No adapter: the checkpoint is a full model.")
     result = AdapterWeightsResult(str(files.adapter_dir))
@@ -196,6 +194,20 @@ def adapter_weights(files: SavedFiles) -> AdapterWeightsResult:
     result.empty += [f"{t.name} has shape {list(t.shape)}" for t in entries if t.numel == 0]
     if result.empty:
         return result
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # r x r products: threads only add waiting (100 ms a module on a busy 2-core machine)
+    try:
+        _read_values(files, headers, result)
+    finally:
+        torch.set_num_threads(threads)
+    return result
+
+
+def _read_values(files: SavedFiles, headers, result: AdapterWeightsResult) -> None:
+    from safetensors import safe_open
+
     config = files.adapter_config or {}
     pairs: dict[str, dict[str, Any]] = {}
     for header in headers:
@@ -226,7 +238,6 @@ def adapter_weights(files: SavedFiles) -> AdapterWeightsResult:
         path = files.map_key(module + ".weight").removesuffix(".weight")
         result.modules.append(ModuleUpdate(module, files.component(path), rank, scaling, float(a.float().norm()),
                                            float(b.float().norm()), update_norm(a, b) * scaling))
-    return result
 
 
 def adapter_weights_probe(files: SavedFiles) -> AdapterWeightsResult:
