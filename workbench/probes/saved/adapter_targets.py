@@ -116,8 +116,11 @@ class AdapterTargetsResult(TextRepr):
     def _repr_html_(self) -> str:
         from workbench.report.html import esc, findings_table
 
-        rows = "".join(f"<tr><td>{esc(c)}</td><td>{len(v)}</td><td>{esc(', '.join(sorted(set(m.rsplit('.', 1)[-1] for m in v))))}"
-                       f"</td></tr>" for c, v in self.matched.items())
+        def names(modules: list[str]) -> str:
+            return ", ".join(sorted({m.rsplit(".", 1)[-1] for m in modules}))
+
+        rows = "".join(f"<tr><td>{esc(c)}</td><td>{len(v)}</td><td>{esc(names(v))}</td></tr>"
+                       for c, v in self.matched.items())
         table = ("<table class='wb-table'><tr><th>component</th><th>modules matched</th><th>names</th></tr>"
                  f"{rows}</table>") if rows else ""
         return findings_table(self.findings()) + table

@@ -114,7 +114,8 @@ class AdapterWeightsResult(TextRepr):
     # -- display --------------------------------------------------------------------------------------------------
     def table(self) -> list[dict[str, Any]]:
         return [{"module": m.module, "component": m.component, "r": m.rank, "scaling": round(m.scaling, 4),
-                 "‖A‖": f"{m.norm_a:.3g}", "‖B‖": f"{m.norm_b:.3g}", "‖B·A‖·scaling": f"{m.update_norm:.3g}"}
+                 "‖A‖": f"{m.norm_a:.3g}", "‖B‖": f"{m.norm_b:.3g}",
+                 "‖B·A‖·scaling": f"{m.update_norm:.3g}"}
                 for m in self.modules]
 
     def plot(self):
@@ -160,7 +161,8 @@ def _scaling(config: dict[str, Any], module: str, rank: int) -> float:
 
 
 def update_norm(a, b) -> float:
-    """‖B·A‖_F without forming B·A: A [r, ...] and B [out, r, ...] flattened to matrices (linear, conv, embedding)."""
+    """‖B·A‖_F without forming B·A: A [r, ...] and B [out, r, ...] flattened to matrices (linear, conv,
+    embedding)."""
     import torch
 
     a = a.float().reshape(a.shape[0], -1)

@@ -18,20 +18,12 @@ import dataclasses
 from typing import Any
 
 from workbench.findings import Finding
-from workbench.probes.saved.files import SavedFiles, adapter_module
+from workbench.probes.saved.files import SavedFiles, adapter_module, rows_html
 from workbench.report.text import TextRepr
 
 TIED = "config.tied_embeddings"
 QUANT = "config.quantization"
 GENERATION = "config.generation"
-
-
-def _rows_html(findings: list[Finding], rows: list[tuple[str, Any]]) -> str:
-    from workbench.report.html import esc, findings_table
-
-    body = "".join(f"<tr><th style='text-align:left'>{esc(k)}</th><td><code>{esc(str(v))}</code></td></tr>"
-                   for k, v in rows if v not in (None, [], {}))
-    return findings_table(findings) + (f"<table class='wb-table'>{body}</table>" if body else "")
 
 
 # --- config.tied_embeddings --------------------------------------------------------------------------------------
@@ -52,7 +44,8 @@ class TiedEmbeddingsResult(TextRepr):
         tied = self.tie_word_embeddings
         if tied and self.adapter_touches and not self.ensure_weight_tying:
             return [Finding(TIED, "fail", "The adapter trains the head / embeddings separately while config.json "
-                            "ties them", f"tie_word_embeddings is true, and the adapter {'; '.join(self.adapter_touches)}."
+                            "ties them",
+                            f"tie_word_embeddings is true, and the adapter {'; '.join(self.adapter_touches)}."
                             " After merge_and_unload and a reload, the tie copies one matrix over the other: the "
                             "trained head (or embeddings) is overwritten (peft #2777, #1750).", evidence,
                             "Train both as one: `LoraConfig(..., ensure_weight_tying=True)` (PEFT ≥ 0.18), or untie "
@@ -83,7 +76,7 @@ class TiedEmbeddingsResult(TextRepr):
                            self.adapter_touches else "") + ".", evidence)]
 
     def _repr_html_(self) -> str:
-        return _rows_html(self.findings(), [
+        return rows_html(self.findings(), [
             ("tie_word_embeddings", self.tie_word_embeddings), ("input embeddings", self.input_tensor),
             ("output embeddings (head)", self.output_tensor), ("same values (sampled)", self.same_bytes),
             ("adapter", "; ".join(self.adapter_touches) or None)])
@@ -196,7 +189,7 @@ class QuantizationResult(TextRepr):
                         "Weight dtypes: " + ", ".join(f"{d} {n}" for d, n in self.dtypes.items()) + ".", evidence)]
 
     def _repr_html_(self) -> str:
-        return _rows_html(self.findings(), [("quantization_config", self.declared), ("weight dtypes", self.dtypes),
+        return rows_html(self.findings(), [("quantization_config", self.declared), ("weight dtypes", self.dtypes),
                                             ("quantization tensors", self.quantized_tensors[:5] or None)])
 
 
@@ -248,7 +241,7 @@ class GenerationResult(TextRepr):
                                   if not k.startswith(("_", "transformers_version")))[:300], evidence)]
 
     def _repr_html_(self) -> str:
-        return _rows_html(self.findings(), [(k, v) for k, v in (self.values or {}).items()])
+        return rows_html(self.findings(), [(k, v) for k, v in (self.values or {}).items()])
 
 
 def generation_config(files: SavedFiles) -> GenerationResult:

@@ -198,6 +198,15 @@ class SavedFiles(TextRepr):
                 f"<th>bytes</th></tr>{rows}</table>")
 
 
+def rows_html(findings, rows: list[tuple[str, Any]]) -> str:
+    """A result's findings, then its facts as a two-column table (empty values left out)."""
+    from workbench.report.html import esc, findings_table
+
+    body = "".join(f"<tr><th style='text-align:left'>{esc(k)}</th><td><code>{esc(str(v))}</code></td></tr>"
+                   for k, v in rows if v not in (None, [], {}))
+    return findings_table(findings) + (f"<table class='wb-table'>{body}</table>" if body else "")
+
+
 def tokenizer_folder(*folders: Path | None) -> Path | None:
     """The first folder holding tokenizer files: the adapter's (tokens added in training are saved there), else
     the base's."""

@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 from workbench.findings import Finding
-from workbench.probes.saved.files import SavedFiles
+from workbench.probes.saved.files import SavedFiles, rows_html
 from workbench.report.text import TextRepr
 
 VOCAB = "tokenizer.vocab"
@@ -34,14 +34,6 @@ def _skip_reason(files: SavedFiles) -> str | None:
         folders = " or ".join(str(f) for f in (files.adapter_dir, files.model_dir) if f)
         return f"No tokenizer files (tokenizer.json, tokenizer_config.json) in {folders}."
     return None
-
-
-def _html(findings: list[Finding], rows: list[tuple[str, Any]]) -> str:
-    from workbench.report.html import esc, findings_table
-
-    body = "".join(f"<tr><th style='text-align:left'>{esc(k)}</th><td><code>{esc(str(v))}</code></td></tr>"
-                   for k, v in rows if v is not None)
-    return findings_table(findings) + (f"<table class='wb-table'>{body}</table>" if body else "")
 
 
 # --- tokenizer.vocab ---------------------------------------------------------------------------------------------
@@ -110,7 +102,7 @@ class VocabResult(TextRepr):
         return max(rows) if rows else None
 
     def _repr_html_(self) -> str:
-        return _html(self.findings(), [
+        return rows_html(self.findings(), [
             ("tokenizer folder", self.tokenizer_dir), ("len(tokenizer)", self.tokenizer_len),
             ("largest added/special id", f"{self.max_special_id} {self.max_special_token!r}"),
             ("config vocab_size", self.config_vocab_size), (f"input embeddings {self.input_tensor}", self.input_rows),
@@ -204,7 +196,8 @@ class SpecialTokensResult(TextRepr):
                           f"{self.generation_eos_from}: eos_token_id {self.generation_eos} lacks the template's "
                           f"end-of-turn token {self.end_of_turn!r} = {self.end_of_turn_id}: generate() runs on to "
                           "max_new_tokens after every answer (llama-cookbook #640).",
-                          f"Set `generation_config.eos_token_id = {sorted(set(self.generation_eos) | {self.end_of_turn_id})}`"
+                          "Set `generation_config.eos_token_id = "
+                          f"{sorted(set(self.generation_eos) | {self.end_of_turn_id})}`"
                           " and save it (`model.generation_config.save_pretrained(folder)`)."))
         if self.doubled_bos:
             fails.append((f"Doubled BOS: the chat template writes {self.bos!r} and the tokenizer adds it again",
@@ -239,7 +232,7 @@ class SpecialTokensResult(TextRepr):
                         f"pad ≠ EOS{turn}; BOS {'added once' if self.bos else 'not used'}.", evidence)]
 
     def _repr_html_(self) -> str:
-        return _html(self.findings(), [
+        return rows_html(self.findings(), [
             ("tokenizer folder", self.tokenizer_dir), ("pad", f"{self.pad!r} ({self.pad_id})"),
             ("eos", f"{self.eos!r} ({self.eos_id})"), ("bos", f"{self.bos!r} ({self.bos_id})"),
             ("generation eos_token_id", f"{self.generation_eos} ({self.generation_eos_from})"),
