@@ -328,3 +328,11 @@ def test_the_notebook_steps_report_every_check_on_the_demo(demo, tmp_path):
     assert set(found) == set(notebook("00_saved_files").checks)
     assert "error" not in found.values() and "fail" not in found.values() and "warn" not in found.values()
     assert "Bytes read" in nb.results["files"]._repr_html_()
+
+
+def test_a_tokenizer_that_does_not_load_is_an_error_of_the_tokenizer_checks(demo, copy_of):
+    broken = copy_of(demo.llama, "broken-tokenizer")
+    (broken / "tokenizer.json").write_text("{")
+    v = verdicts(broken)
+    assert v["tokenizer.vocab"] == v["tokenizer.special_tokens"] == "error"
+    assert v["config.generation"] == "pass"  # the other checks still answer

@@ -29,11 +29,16 @@ CONVERSATION = [{"role": "user", "content": "What is the capital of France?"},
                 {"role": "assistant", "content": MARKER}]
 
 
-def _skip_reason(files: SavedFiles) -> str | None:
+def _tokenizer(files: SavedFiles, result):
+    """The loaded tokenizer, or None with the result's `skipped` (no files) or `error` (it does not load) set."""
     if files.tokenizer_dir is None:
         folders = " or ".join(str(f) for f in (files.adapter_dir, files.model_dir) if f)
-        return f"No tokenizer files (tokenizer.json, tokenizer_config.json) in {folders}."
-    return None
+        result.skipped = f"No tokenizer files (tokenizer.json, tokenizer_config.json) in {folders}."
+        return None
+    tok = files.tokenizer
+    if tok is None:
+        result.error = files.tokenizer_error
+    return tok
 
 
 # --- tokenizer.vocab ---------------------------------------------------------------------------------------------
@@ -125,12 +130,9 @@ def special_ids(tok) -> tuple[int | None, str | None]:
 
 
 def tokenizer_vocab(files: SavedFiles) -> VocabResult:
-    result = VocabResult(str(files.tokenizer_dir) if files.tokenizer_dir else None, skipped=_skip_reason(files))
-    if result.skipped:
-        return result
-    tok = files.tokenizer
+    result = VocabResult(str(files.tokenizer_dir) if files.tokenizer_dir else None)
+    tok = _tokenizer(files, result)
     if tok is None:
-        result.error = files.tokenizer_error
         return result
     result.tokenizer_in_adapter = files.adapter_dir is not None and files.tokenizer_dir == files.adapter_dir
     result.tokenizer_len = len(tok)
@@ -258,9 +260,9 @@ def end_of_turn(tok, rendered: str) -> tuple[str | None, int | None]:
 
 
 def special_tokens(files: SavedFiles) -> SpecialTokensResult:
-    result = SpecialTokensResult(str(files.tokenizer_dir) if files.tokenizer_dir else None,
-                                 skipped=_skip_reason(files))
-    if result.skipped:
+    result = SpecialTokensResult(str(files.tokenizer_dir) if files.tokenizer_dir else None)
+    tok = _tokenizer(files, result)
+    if tok is None:
         return result
     tok = files.tokenizer
     if tok is None:
