@@ -336,3 +336,10 @@ def test_a_tokenizer_that_does_not_load_is_an_error_of_the_tokenizer_checks(demo
     v = verdicts(broken)
     assert v["tokenizer.vocab"] == v["tokenizer.special_tokens"] == "error"
     assert v["config.generation"] == "pass"  # the other checks still answer
+
+
+def test_trainable_token_indices_past_the_rows_fail(demo, copy_of, edit_json):
+    adapter = copy_of(demo.qwen_stage2, "trainable-tokens")
+    edit_json(adapter / "adapter_config.json", trainable_token_indices=[5, 400])
+    f = finding("tokenizer.vocab", demo.qwen_stage1, adapter)
+    assert f.verdict == "fail" and "Token id 400" in f.title

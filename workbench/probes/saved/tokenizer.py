@@ -69,7 +69,8 @@ class VocabResult(TextRepr):
         rows = self.adapter_embedding_rows or self.input_rows
         where = ("the embeddings the adapter saves" if self.adapter_embedding_rows else
                  f"the base's input embeddings ({self.input_tensor})")
-        top = max(x for x in (self.max_special_id, (self.tokenizer_len or 0) - 1) if x is not None)
+        top = max(x for x in (self.max_special_id, (self.tokenizer_len or 0) - 1, self.max_trainable_index)
+                  if x is not None)
         if rows is not None and top >= rows:
             if self.tokenizer_in_adapter and not self.adapter_embedding_rows:
                 return [Finding(VOCAB, "fail", f"Tokens added in training but the resized embeddings were not "
@@ -100,6 +101,13 @@ class VocabResult(TextRepr):
                         f"Largest added/special id {self.max_special_id} ({self.max_special_token!r}); "
                         f"config.vocab_size {self.config_vocab_size}; input/output embedding rows "
                         f"{self.input_rows}/{self.output_rows}.", evidence)]
+
+    @property
+    def max_trainable_index(self) -> int | None:
+        """The largest row trainable_token_indices trains (a list, or {module: list})."""
+        value = self.trainable_token_indices
+        ids = [i for v in value.values() for i in v] if isinstance(value, dict) else list(value or [])
+        return max(ids) if ids else None
 
     @property
     def adapter_embedding_rows(self) -> int | None:
