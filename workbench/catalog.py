@@ -187,7 +187,8 @@ CHECKS: tuple[Check, ...] = (
     _c("config.generation", "00_saved_files",
        "Does generation_config.json pass the strict validation save_pretrained runs at every checkpoint save?",
        (f"{_SAVED}.config_checks:generation_config_probe",),
-       **{"pass": "valid", "fail": "invalid, or refused by the strict validation", "skip": "no generation_config.json"}),
+       **{"pass": "valid", "warn": "refused by the strict validation (raises at save once modified)",
+          "fail": "invalid even to the lenient validation", "skip": "no generation_config.json"}),
     _c("checkpoint.integrity", "01_dtype_distribution",
        "Are the checkpoint's files present and whole: shards listed in the index present and holding what it says, "
        "headers that parse, data that matches its header?", ("workbench.probes.dtype.headers:checkpoint_probe",),

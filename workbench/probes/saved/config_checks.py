@@ -231,11 +231,12 @@ class GenerationResult(TextRepr):
             return [Finding(GENERATION, "fail", "generation_config.json is invalid", self.error, evidence, fix)]
         if self.issues:
             first = self.issues.splitlines()[1] if len(self.issues.splitlines()) > 1 else self.issues
-            return [Finding(GENERATION, "fail", f"save_pretrained will refuse this generation config: "
-                            f"{first.strip('- ')[:120]}",
-                            "GenerationConfig.save_pretrained validates strictly once the config has changed, and "
-                            "the Trainer saves it at every checkpoint: the first save after hours of training "
-                            f"raises (transformers #29988). {self.issues}", evidence, fix)]
+            return [Finding(GENERATION, "warn", f"save_pretrained refuses this generation config once anything "
+                            f"changes it: {first.strip('- ')[:120]}",
+                            "GenerationConfig.save_pretrained validates strictly: older transformers releases always, "
+                            "this release as soon as the config was modified (a training script setting "
+                            "max_new_tokens is enough). The Trainer saves it at every checkpoint, so the first save "
+                            f"after hours of training raises (transformers #29988). {self.issues}", evidence, fix)]
         return [Finding(GENERATION, "pass", "generation_config.json validates as save_pretrained validates it",
                         ", ".join(f"{k}={v}" for k, v in (self.values or {}).items()
                                   if not k.startswith(("_", "transformers_version")))[:300], evidence)]
