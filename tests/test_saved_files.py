@@ -345,3 +345,24 @@ def test_trainable_token_indices_past_the_rows_fail(demo, copy_of, edit_json):
     edit_json(adapter / "adapter_config.json", trainable_token_indices=[5, 400])
     f = finding("tokenizer.vocab", demo.qwen_stage1, adapter)
     assert f.verdict == "fail" and "Token id 400" in f.title
+
+
+def test_a_name_list_reaching_clips_q_proj_warns_and_an_anchored_regex_does_not(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    torch.manual_seed(0)
+    LlavaForConditionalGeneration(LlavaConfig(  # LLaVA #1380: the CLIP tower has q_proj / v_proj too
+        vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=2, image_size=32, patch_size=8),
+        text_config=LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2),
+        image_token_index=255, image_seq_length=16)).save_pretrained(tmp_path / "llava")
+    found = {}
+    for name, targets in (("list", ["q_proj", "v_proj"]), ("regex", r".*language_model.*\.(q_proj|v_proj)")):
+        model = LlavaForConditionalGeneration.from_pretrained(tmp_path / "llava")
+        get_peft_model(model, LoraConfig(r=2, target_modules=targets)).save_pretrained(tmp_path / name)
+        found[name] = finding("adapter.targets", tmp_path / "llava", tmp_path / name)
+    assert found["list"].verdict == "warn" and "4 vision-tower module(s) (q_proj, v_proj)" in found["list"].title
+    assert found["list"].evidence["matched_per_component"] == {"language": 4, "vision": 4}
+    assert found["regex"].verdict == "info" and found["regex"].evidence["matched_per_component"] == {"language": 4}
