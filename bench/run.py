@@ -202,6 +202,26 @@ def startup_rows(rows: list, sparse: Path, repeats: int, cache: Path) -> None:
         "goal < 1 s; the cache is keyed by config.json, the tensor names and the transformers release")
 
 
+SAVED_FILES = """
+from workbench.model.loading import auto_config, model_class_for
+model_class_for(auto_config(BASE))  # transformers' lazy import of the model module, outside the clock
+import peft, safetensors  # noqa: F401 - library imports, outside the clock
+from workbench.catalog import notebook
+from workbench.model.target import resolve_target
+from workbench.recorder import FindingsRecorder
+import tempfile
+target = resolve_target(FOLDER)
+rec = FindingsRecorder(tempfile.mktemp(suffix='.json'), notebook='00_saved_files')
+steps = notebook('00_saved_files').steps
+start = time.perf_counter()
+results = {}
+for step in steps:
+    results[step.name] = rec.run(step.function(), *[target if a == 'target' else results[a] for a in step.args])
+files = results['files']
+result = {'bytes_read': files.bytes_read, 'verdicts': {f.id: f.verdict for f in rec.findings}}
+"""
+
+
 def with_folder(body: str, folder: Path) -> str:
     return body.replace("FOLDER", repr(str(folder)))
 
@@ -382,7 +402,7 @@ def main() -> None:
                         help="just diagnose vs load + forward on 0.4 / 1.3 / 2.6 GB checkpoints")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
-    from sparse_checkpoint import write_sparse_checkpoint
+    from sparse_checkpoint import write_adapter, write_sparse_checkpoint
 
     from workbench.demo.build import build_demo
 
@@ -426,6 +446,19 @@ def main() -> None:
         row(rows, "which components differ between two bases (adapter.base_model), 7B-shaped: sampled bytes per "
                   "tensor vs hashing every byte", sampled7, hashed7,
             f"{sampled7[0]['tensors']} tensors, 8 KiB read per tensor")
+
+        adapter7 = write_adapter(sparse, tmp / "sparse-7b-lora")
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):  # so every check runs
+            (sparse / name).write_bytes((demo.qwen_base / name).read_bytes())
+        (sparse / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "pad_token_id": 0}))
+        saved7 = measure(with_folder(SAVED_FILES, adapter7).replace("BASE", repr(str(sparse))), args.repeats)
+        read = saved7[0]["bytes_read"]
+        adapter_bytes = read.get("adapter tensors", 0)
+        row(rows, "notebook 00 (what the saved files say), 7B-shaped sparse checkpoint + a rank-8 q/v LoRA: every "
+                  "probe (the demo's tokenizer beside it, so every check runs)", saved7, None,
+            f"{sum(read.values()) - adapter_bytes:,} bytes read of the base and configs "
+            f"({', '.join(f'{k} {v:,}' for k, v in read.items() if k != 'adapter tensors')}), plus the adapter's "
+            f"{adapter_bytes:,} bytes of values (its norms need every element); goal < 2 s")
 
         pred = measure(with_folder(PREDICTED, demo.qwen_stage1), args.repeats)
         real = measure(with_folder(REAL_4BIT, demo.qwen_stage1), args.repeats)

@@ -64,6 +64,32 @@ def write_sparse_checkpoint(out: Path) -> Path:
     return out
 
 
+def write_adapter(base: Path, out: Path, r: int = 8, targets: tuple[str, ...] = ("q_proj", "v_proj")) -> Path:
+    """A LoRA adapter for the 7B-shaped base, as PEFT saves one (adapter_config.json + adapter_model.safetensors):
+    rank `r` on the language model's `targets`, real values (lora_A random, lora_B small, as after training)."""
+    from safetensors.torch import save_file
+
+    from workbench.model.loading import meta_model
+
+    out.mkdir(parents=True, exist_ok=True)
+    skeleton, _ = meta_model(qwen2vl_7b_config(), torch.bfloat16)
+    generator = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, module in skeleton.named_modules():
+        if "language_model" in name and name.rsplit(".", 1)[-1] in targets:
+            prefix = f"base_model.model.{name}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(r, module.in_features, generator=generator).to(
+                torch.bfloat16) * 0.02
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(module.out_features, r, generator=generator).to(
+                torch.bfloat16) * 0.001
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (out / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base), "r": r,
+        "lora_alpha": 2 * r, "lora_dropout": 0.0, "target_modules": list(targets), "bias": "none",
+        "modules_to_save": None, "use_rslora": False, "use_dora": False}, indent=1))
+    return out
+
+
 if __name__ == "__main__":
     folder = write_sparse_checkpoint(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/workbench-sparse-7b"))
     apparent = sum(p.stat().st_size for p in folder.iterdir())

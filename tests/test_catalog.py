@@ -22,7 +22,7 @@ def test_checks_prints_every_check_and_json_for_tools():
     assert text.returncode == 0 and all(c.id in text.stdout for c in CHECKS)
     data = json.loads(workbench_cli("checks", "--json").stdout)
     assert [c["id"] for c in data["checks"]] == [c.id for c in CHECKS]
-    assert data["checks"][0]["verdicts"] and data["notebooks"][0]["steps"][0] == "static"
+    assert data["checks"][0]["verdicts"] and data["notebooks"][0]["steps"][0] == "files"
 
 
 def test_the_readme_catalog_is_the_catalogs_markdown():

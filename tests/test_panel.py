@@ -33,6 +33,7 @@ def test_run_probes_fills_the_tabs_and_finds_the_demo_crash(demo):
     verdicts = {f.id: f.verdict for f in findings}
     assert verdicts["forward.dtype_flow"] == "fail" and verdicts["parallel.trainer_wrap"] == "warn"
     assert verdicts["checkpoint.integrity"] == "pass" and "peft.attributes" in verdicts
+    assert verdicts["adapter.weights"] == "pass" and verdicts["tokenizer.special_tokens"] == "pass"  # notebook 00
     assert panel.progress.value == panel.progress.max == len(panel.session.steps_for(set(GROUPS)))
     assert "done: " in panel.step_label.value and "worst FAIL" in panel.step_label.value
     for tab in (*GROUPS, "Findings"):  # every ticked notebook's tab got a rendered result, HTML and text

@@ -14,13 +14,15 @@ from workbench.report.runner import diagnose, new_report_folder
 from workbench.model.target import resolve_target
 
 CONTRACT_KEYS = {"schema_version", "run_id", "created", "target", "environment", "notebooks", "findings"}
+NOTEBOOK_00_CHECKS = {"adapter.weights", "adapter.targets", "tokenizer.vocab", "tokenizer.special_tokens",
+                      "config.tied_embeddings", "config.quantization", "config.generation"}
 NOTEBOOK_01_CHECKS = {"checkpoint.integrity", "dtype.census", "dtype.quantized_census", "dtype.fp32_islands"}
 NOTEBOOK_02_CHECKS = {"parallel.trainer_wrap", "parallel.device_map"}
 NOTEBOOK_03_CHECKS = {"peft.attributes", "peft.layer_status"}
 NOTEBOOK_04_CHECKS = {"grad.flow", "forward.mixed_precision_buffers", "forward.scenarios", "forward.dtype_flow"}
 NOTEBOOK_05_CHECKS = {"eval.metrics", "eval.memory", "adapter.base_model", "placement.offload"}
 NOTEBOOK_06_CHECKS = {"distributed.ddp", "distributed.fsdp"}
-ALL_CHECKS = (NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOTEBOOK_04_CHECKS | NOTEBOOK_05_CHECKS
+ALL_CHECKS = (NOTEBOOK_00_CHECKS | NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOTEBOOK_04_CHECKS | NOTEBOOK_05_CHECKS
               | NOTEBOOK_06_CHECKS)
 
 
@@ -55,7 +57,10 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, 
     # transformers 5.23 does not wrap the 4-bit model, but doubles its batch; older releases crash in the replica
     wrap = next(f for f in report["findings"] if f["id"] == "parallel.trainer_wrap")
     assert wrap["verdict"] == "warn" and "136 → 68" in wrap["title"] and "BFloat16" in wrap["detail"]
-    assert [n["status"] for n in report["notebooks"]] == ["ok"] * 6
+    assert [n["status"] for n in report["notebooks"]] == ["ok"] * 7
+    # notebook 00: the demo's saved files are healthy (its seeds' story is in the set-up, not in the files)
+    assert {verdicts[c] for c in NOTEBOOK_00_CHECKS - {"adapter.targets"}} == {"pass"}
+    assert verdicts["adapter.targets"] == "info"
     # the seeds' configuration (fp32 norms, bf16 lm_head) fails without autocast and in the replica thread
     assert verdicts["forward.scenarios"] == "fail" and verdicts["forward.dtype_flow"] == "fail"
     flow = next(f for f in report["findings"] if f["id"] == "forward.dtype_flow")
@@ -115,6 +120,8 @@ def test_a_model_family_the_demo_does_not_use(tmp_path):
     assert set(verdicts) == ALL_CHECKS and "error" not in verdicts.values()
     assert verdicts["parallel.trainer_wrap"] == "pass"  # one GPU
     assert verdicts["peft.layer_status"] == "skip"  # a user set-up without an adapter
+    assert verdicts["adapter.weights"] == verdicts["tokenizer.vocab"] == "skip"  # no adapter, no tokenizer files
+    assert verdicts["config.tied_embeddings"] == "pass"  # GPT-2 ties its head: one tensor saved
     census = next(f for f in report["findings"] if f["id"] == "dtype.census")
     assert set(census["evidence"]["parameters"]) == {"language"}  # tied lm_head: counted once, with wte
     assert {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()} == before  # nothing written into the checkpoint

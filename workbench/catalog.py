@@ -83,8 +83,22 @@ _DTYPE = "workbench.probes.dtype.probes"
 _PARALLEL = "workbench.probes.parallel.probes"
 _PEFT = "workbench.probes.peft.probes"
 _PREPARE = Step("prepared", "prepare the model (set-up)", "workbench.model.shared:prepare_shared")
+_SAVED = "workbench.probes.saved"
 
 NOTEBOOKS: tuple[NotebookSpec, ...] = (
+    NotebookSpec("00_saved_files", "00 · What the saved files say", "Saved files", (
+        Step("files", "the saved files (headers, configs, tokenizer, meta skeleton)",
+             f"{_SAVED}.files:saved_files_probe"),
+        Step("weights", "the adapter's weights", f"{_SAVED}.adapter_weights:adapter_weights_probe", ("files",)),
+        Step("targets", "what target_modules reaches", f"{_SAVED}.adapter_targets:adapter_targets_probe", ("files",)),
+        Step("vocab", "tokenizer against the embeddings", f"{_SAVED}.tokenizer:tokenizer_vocab_probe", ("files",)),
+        Step("special_tokens", "pad, EOS, BOS and the chat template", f"{_SAVED}.tokenizer:special_tokens_probe",
+             ("files",)),
+        Step("tied", "tied embeddings", f"{_SAVED}.config_checks:tied_embeddings_probe", ("files",)),
+        Step("quantization", "quantization_config against the weights", f"{_SAVED}.config_checks:quantization_probe",
+             ("files",)),
+        Step("generation", "generation_config.json", f"{_SAVED}.config_checks:generation_config_probe", ("files",)),
+    )),
     NotebookSpec("01_dtype_distribution", "01 · Dtype distribution", "Dtype census", (
         Step("static", "checkpoint headers", "workbench.probes.dtype.headers:checkpoint_probe"),
         Step("quantized", "4-bit and 8-bit census", f"{_DTYPE}:quantized_census_probe",
@@ -136,6 +150,48 @@ def _c(id: str, nb: str, question: str, probes: tuple[str, ...], **verdicts: str
 
 _EVAL = ("workbench.probes.evaluation.evaluate:evaluate_recipes",)
 CHECKS: tuple[Check, ...] = (
+    _c("adapter.weights", "00_saved_files",
+       "Is the adapter file itself trained: not empty (tensors of shape [0], what ZeRO-3 saves ungathered), not a "
+       "no-op (every lora_B zero), free of NaN/inf; the update norm ‖B·A‖·scaling per module?",
+       (f"{_SAVED}.adapter_weights:adapter_weights_probe",),
+       **{"pass": "trained and finite (the table and plot of update norms)",
+          "fail": "empty, no-op or non-finite", "skip": "no adapter"}),
+    _c("adapter.targets", "00_saved_files",
+       "What does target_modules (list, regex or all-linear) match on the base, by PEFT's own rule on a meta "
+       "skeleton: per component, modules the adapter names that the base lacks, unintended reach, modules_to_save?",
+       (f"{_SAVED}.adapter_targets:adapter_targets_probe",),
+       **{"info": "the matches per component", "warn": "reaches the vision tower, a convolution or the head",
+          "fail": "the adapter cannot apply (matches nothing, names missing modules, shapes differ)",
+          "error": "the base's skeleton cannot be built", "skip": "no adapter"}),
+    _c("tokenizer.vocab", "00_saved_files",
+       "Does every token id fit the embeddings: len(tokenizer) and its largest added/special id against "
+       "config.vocab_size, the embedding rows in the headers and the rows the adapter saves?",
+       (f"{_SAVED}.tokenizer:tokenizer_vocab_probe",),
+       **{"pass": "every id fits", "info": "the adapter saves resized embeddings (resize the base first)",
+          "fail": "an id past the rows, or tokens added but the resized embeddings not saved",
+          "error": "the tokenizer does not load", "skip": "no tokenizer files"}),
+    _c("tokenizer.special_tokens", "00_saved_files",
+       "Are pad, EOS and BOS right for training and generation: a pad token distinct from EOS, the chat "
+       "template's end-of-turn token in generation's eos_token_id, BOS added once?",
+       (f"{_SAVED}.tokenizer:special_tokens_probe",),
+       **{"pass": "consistent", "warn": "no pad token, or pad = EOS",
+          "fail": "end of turn not an EOS for generation, or a doubled BOS",
+          "error": "the tokenizer does not load", "skip": "no tokenizer files"}),
+    _c("config.tied_embeddings", "00_saved_files",
+       "Does tie_word_embeddings agree with the saved head and embeddings, and with what the adapter trains?",
+       (f"{_SAVED}.config_checks:tied_embeddings_probe",),
+       **{"pass": "consistent", "warn": "identical tensors declared untied",
+          "fail": "tied while the adapter or checkpoint trains them apart, or untied with no head saved"}),
+    _c("config.quantization", "00_saved_files",
+       "Does quantization_config in config.json agree with the dtypes in the weights, and is the adapter's base "
+       "pre-quantized (a merge into it rounds the update)?", (f"{_SAVED}.config_checks:quantization_probe",),
+       **{"pass": "declaration and weights agree", "warn": "an adapter on a pre-quantized base",
+          "fail": "a 16-bit model declaring 4-bit, or quantized weights with no declaration"}),
+    _c("config.generation", "00_saved_files",
+       "Does generation_config.json pass the strict validation save_pretrained runs at every checkpoint save?",
+       (f"{_SAVED}.config_checks:generation_config_probe",),
+       **{"pass": "valid", "warn": "refused by the strict validation (raises at save once modified)",
+          "fail": "invalid even to the lenient validation", "skip": "no generation_config.json"}),
     _c("checkpoint.integrity", "01_dtype_distribution",
        "Are the checkpoint's files present and whole: shards listed in the index present and holding what it says, "
        "headers that parse, data that matches its header?", ("workbench.probes.dtype.headers:checkpoint_probe",),

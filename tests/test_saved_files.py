@@ -1,0 +1,368 @@
+"""Notebook 00: each check fires on a defect planted in a copy of a tiny checkpoint, and stays quiet on healthy ones
+(the demo's checkpoints, a tied GPT-2, a tied and an untied Llama)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from workbench.probes.saved import adapter_targets as at
+from workbench.probes.saved import adapter_weights as aw
+from workbench.probes.saved import config_checks as cc
+from workbench.probes.saved import tokenizer as tk
+from workbench.probes.saved.files import saved_files
+
+PROBES = {"adapter.weights": aw.adapter_weights, "adapter.targets": at.adapter_targets,
+          "tokenizer.vocab": tk.tokenizer_vocab, "tokenizer.special_tokens": tk.special_tokens,
+          "config.tied_embeddings": cc.tied_embeddings, "config.quantization": cc.quantization,
+          "config.generation": cc.generation_config}
+
+
+def finding(check: str, model_dir, adapter_dir=None):
+    [f] = PROBES[check](saved_files(Path(model_dir), Path(adapter_dir) if adapter_dir else None)).findings()
+    assert f.id == check and f.evidence is not None
+    if f.verdict in ("fail", "warn"):
+        assert f.fix, f  # every defect carries a concrete fix
+    return f
+
+
+def verdicts(model_dir, adapter_dir=None) -> dict[str, str]:
+    files = saved_files(Path(model_dir), Path(adapter_dir) if adapter_dir else None)
+    return {c: p(files).findings()[0].verdict for c, p in PROBES.items()}
+
+
+def rewrite_adapter(folder: Path, change) -> None:
+    path = folder / "adapter_model.safetensors"
+    tensors = load_file(str(path))
+    tensors = change(tensors) or tensors
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def tiny_llama(folder: Path, tied: bool, tokenizer_from: Path | None = None, same_head: bool = False) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+                                         bos_token_id=None, eos_token_id=2, pad_token_id=0))
+    if same_head:
+        with torch.no_grad():
+            model.lm_head.weight.copy_(model.model.embed_tokens.weight)
+    model.save_pretrained(folder)
+    if tokenizer_from is not None:
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            if (tokenizer_from / name).exists():
+                shutil.copy(tokenizer_from / name, folder / name)
+    return folder
+
+
+def lora_adapter(base: Path, out: Path, **lora) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
+    peft_model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, task_type="CAUSAL_LM", **lora))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.01)
+    peft_model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llamas(demo, tmp_path_factory):
+    root = tmp_path_factory.mktemp("llamas")
+    return {"tied": tiny_llama(root / "tied", True, demo.llama),
+            "untied": tiny_llama(root / "untied", False, demo.llama)}
+
+
+# --- healthy checkpoints stay quiet ------------------------------------------------------------------------------
+def test_the_demo_is_healthy_for_every_saved_files_check(demo):
+    assert verdicts(demo.qwen_stage1, demo.qwen_stage2) == {
+        "adapter.weights": "pass", "adapter.targets": "info", "tokenizer.vocab": "pass",
+        "tokenizer.special_tokens": "pass", "config.tied_embeddings": "pass", "config.quantization": "pass",
+        "config.generation": "pass"}
+    for full in (demo.qwen_base, demo.qwen_stage1, demo.llama):
+        v = verdicts(full)
+        assert v.pop("adapter.weights") == v.pop("adapter.targets") == "skip"
+        assert set(v.values()) == {"pass"}, (full, v)
+
+
+def test_other_families_stay_quiet(llamas, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300, n_positions=64)).save_pretrained(
+        tmp_path / "gpt2")
+    v = verdicts(tmp_path / "gpt2")  # tied, no tokenizer files
+    assert v["config.tied_embeddings"] == "pass" and v["tokenizer.vocab"] == v["tokenizer.special_tokens"] == "skip"
+    assert v["config.quantization"] == v["config.generation"] == "pass"
+    for name in ("tied", "untied"):
+        v = verdicts(llamas[name])
+        assert {v[c] for c in v if not c.startswith("adapter.")} == {"pass"}, (name, v)
+    adapter = lora_adapter(llamas["untied"], tmp_path / "adapter", target_modules=["q_proj", "v_proj"])
+    v = verdicts(llamas["untied"], adapter)
+    assert v["adapter.weights"] == "pass" and v["adapter.targets"] == "info", v
+    assert "language 4" in finding("adapter.targets", llamas["untied"], adapter).title
+
+
+# --- adapter.weights ---------------------------------------------------------------------------------------------
+def test_an_empty_adapter_fails(demo, copy_of):
+    zero3 = copy_of(demo.qwen_stage2, "zero3")
+    rewrite_adapter(zero3, lambda t: {k: torch.empty(0, dtype=v.dtype) for k, v in t.items()})
+    f = finding("adapter.weights", demo.qwen_stage1, zero3)
+    assert f.verdict == "fail" and "shape [0]" in f.title and "ZeRO-3" in f.detail and "gather" in f.fix
+    nothing = copy_of(demo.qwen_stage2, "nothing")
+    save_file({}, str(nothing / "adapter_model.safetensors"))
+    f = finding("adapter.weights", demo.qwen_stage1, nothing)
+    assert f.verdict == "fail" and "holds no tensors" in f.title
+
+
+def test_a_no_op_adapter_fails_and_a_partly_untrained_one_names_what_never_moved(demo, copy_of):
+    noop = copy_of(demo.qwen_stage2, "noop")
+    rewrite_adapter(noop, lambda t: {k: torch.zeros_like(v) if "lora_B" in k else v for k, v in t.items()})
+    f = finding("adapter.weights", demo.qwen_stage1, noop)
+    assert f.verdict == "fail" and "No-op adapter" in f.title and "14 modules" in f.title
+    partly = copy_of(demo.qwen_stage2, "partly")
+    rewrite_adapter(partly, lambda t: {k: torch.zeros_like(v) if "lora_B" in k and "layers.1." in k else v
+                                       for k, v in t.items()})
+    f = finding("adapter.weights", demo.qwen_stage1, partly)
+    assert f.verdict == "pass" and "7 never moved" in f.title and "layers.1." in f.detail
+    result = aw.adapter_weights(saved_files(demo.qwen_stage1, partly))
+    assert "data:image/png;base64" in result._repr_html_() and "‖B·A‖·scaling" in repr(result)
+
+
+def test_nan_in_an_adapter_fails(demo, copy_of):
+    bad = copy_of(demo.qwen_stage2, "nan")
+
+    def plant(t):
+        key = sorted(k for k in t if "lora_A" in k)[0]
+        t[key] = t[key].clone()
+        t[key][0, 0] = float("nan")
+    rewrite_adapter(bad, plant)
+    f = finding("adapter.weights", demo.qwen_stage1, bad)
+    assert f.verdict == "fail" and "NaN/inf" in f.title and f.evidence["nonfinite"][0]["nan"] == 1
+
+
+def test_update_norm_is_the_frobenius_norm_of_b_times_a():
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 32), torch.randn(16, 4)
+    assert aw.update_norm(a, b) == pytest.approx(float((b @ a).norm()), rel=1e-4)
+
+
+# --- adapter.targets ---------------------------------------------------------------------------------------------
+def test_a_pattern_matching_nothing_and_weights_naming_missing_modules_fail(demo, copy_of, edit_json):
+    nothing = copy_of(demo.qwen_stage2, "nothing")
+    edit_json(nothing / "adapter_config.json", target_modules=["qkv_projection"])
+    f = finding("adapter.targets", demo.qwen_stage1, nothing)
+    assert f.verdict == "fail" and "matches no module" in f.title
+    missing = copy_of(demo.qwen_stage2, "missing")
+    rewrite_adapter(missing, lambda t: {k.replace("layers.1.", "layers.7."): v for k, v in t.items()})
+    f = finding("adapter.targets", demo.qwen_stage1, missing)
+    assert f.verdict == "fail" and "the base lacks" in f.title and "layers.7." in f.detail
+
+
+def test_all_linear_reaching_the_vision_tower_warns(demo, copy_of, edit_json):
+    wide = copy_of(demo.qwen_stage2, "all-linear")
+    edit_json(wide / "adapter_config.json", target_modules="all-linear")
+    f = finding("adapter.targets", demo.qwen_stage1, wide)
+    assert f.verdict == "warn" and "vision-tower" in f.title
+    assert f.evidence["matched_per_component"]["vision"] > 0 and "head" not in f.evidence["matched_per_component"]
+    head = copy_of(demo.qwen_stage2, "head")
+    edit_json(head / "adapter_config.json", target_modules=r".*language_model.*\.q_proj|lm_head")
+    f = finding("adapter.targets", demo.qwen_stage1, head)
+    assert f.verdict == "warn" and "output head" in f.title
+
+
+# --- tokenizer.vocab ---------------------------------------------------------------------------------------------
+def add_token(folder: Path, token: str = "<|new_tool|>") -> int:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tok.add_special_tokens({"additional_special_tokens": [token]})
+    tok.save_pretrained(folder)
+    return len(tok)
+
+
+def test_a_token_id_past_the_embedding_rows_fails(demo, copy_of):
+    llama = copy_of(demo.llama, "llama-added")
+    assert add_token(llama) == 401
+    f = finding("tokenizer.vocab", llama)
+    assert f.verdict == "fail" and "Token id 400 is past the embedding rows (400)" in f.title
+    assert "device-side assert" in f.detail and "resize_token_embeddings" in f.fix
+
+
+def test_tokens_added_in_training_without_saved_embeddings_fail(demo, copy_of):
+    from transformers import AutoTokenizer
+
+    adapter = copy_of(demo.qwen_stage2, "added")
+    AutoTokenizer.from_pretrained(demo.qwen_stage1, local_files_only=True).save_pretrained(adapter)
+    assert add_token(adapter) == 401
+    f = finding("tokenizer.vocab", demo.qwen_stage1, adapter)
+    assert f.verdict == "fail" and "tokenizer 401 tokens, base embeddings 400 rows" in f.title
+    assert "modules_to_save" in f.fix
+
+
+# --- tokenizer.special_tokens ------------------------------------------------------------------------------------
+def test_pad_equal_to_eos_and_no_pad_warn(demo, copy_of, edit_json):
+    same = copy_of(demo.llama, "pad-eos")
+    edit_json(same / "tokenizer_config.json", pad_token="<|im_end|>")
+    f = finding("tokenizer.special_tokens", same)
+    assert f.verdict == "warn" and "pad = EOS" in f.title and "never learns to stop" in f.detail
+    none = copy_of(demo.llama, "no-pad")
+    edit_json(none / "tokenizer_config.json", pad_token=None)
+    f = finding("tokenizer.special_tokens", none)
+    assert f.verdict == "warn" and f.title == "No pad token"
+
+
+def test_generation_eos_without_the_end_of_turn_token_fails(demo, copy_of, edit_json):
+    ckpt = copy_of(demo.llama, "eos")
+    edit_json(ckpt / "generation_config.json", eos_token_id=0)
+    f = finding("tokenizer.special_tokens", ckpt)
+    assert f.verdict == "fail" and "'<|im_end|>' (2)" in f.title and "eos_token_id = [0, 2]" in f.fix
+
+
+def with_bos(folder: Path, tokenizer_adds: bool, template_writes: bool) -> None:
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tok.bos_token = "<|endoftext|>"
+    if tokenizer_adds:
+        tok._tokenizer.post_processor = processors.TemplateProcessing(
+            single="<|endoftext|> $A", pair="<|endoftext|> $A $B", special_tokens=[("<|endoftext|>", 0)])
+    if template_writes:
+        tok.chat_template = "{{ bos_token }}" + tok.chat_template
+    tok.save_pretrained(folder)
+
+
+def test_a_doubled_bos_fails_and_a_template_bos_alone_passes(demo, copy_of):
+    doubled = copy_of(demo.llama, "doubled")
+    with_bos(doubled, tokenizer_adds=True, template_writes=True)
+    f = finding("tokenizer.special_tokens", doubled)
+    assert f.verdict == "fail" and "Doubled BOS" in f.title and f.evidence["leading_ids"][:2] == [0, 0]
+    once = copy_of(demo.llama, "once")  # Llama-3 style: the template writes BOS, encode adds none
+    with_bos(once, tokenizer_adds=False, template_writes=True)
+    f = finding("tokenizer.special_tokens", once)
+    assert f.verdict == "pass" and "BOS added once" in f.detail
+
+
+# --- config.tied_embeddings --------------------------------------------------------------------------------------
+def test_an_adapter_saving_lm_head_on_a_tied_model_fails(llamas, tmp_path):
+    adapter = lora_adapter(llamas["tied"], tmp_path / "head", target_modules=["q_proj"], modules_to_save=["lm_head"])
+    f = finding("config.tied_embeddings", llamas["tied"], adapter)
+    assert f.verdict == "fail" and "ties them" in f.title and "lm_head" in f.detail
+    assert "ensure_weight_tying=True" in f.fix
+
+
+def test_tie_settings_that_contradict_the_tensors(llamas, copy_of, edit_json, tmp_path):
+    no_head = copy_of(llamas["tied"], "no-head")
+    edit_json(no_head / "config.json", tie_word_embeddings=False)
+    f = finding("config.tied_embeddings", no_head)
+    assert f.verdict == "fail" and "no lm_head" in f.title
+    trained_head = copy_of(llamas["untied"], "trained-head")
+    edit_json(trained_head / "config.json", tie_word_embeddings=True)
+    f = finding("config.tied_embeddings", trained_head)
+    assert f.verdict == "fail" and "differs" in f.title
+    same = tiny_llama(tmp_path / "same", False, same_head=True)
+    f = finding("config.tied_embeddings", same)
+    assert f.verdict == "warn" and "Identical" in f.title
+
+
+# --- config.quantization -----------------------------------------------------------------------------------------
+BNB_4BIT = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_compute_dtype": "bfloat16"}
+
+
+def test_a_16bit_model_declaring_4bit_fails(demo, copy_of, edit_json):
+    merged = copy_of(demo.llama, "merged")
+    edit_json(merged / "config.json", quantization_config=BNB_4BIT)
+    f = finding("config.quantization", merged)
+    assert f.verdict == "fail" and "declares bitsandbytes 4-bit" in f.title and "unsloth #1601" in f.detail
+
+
+def test_quantized_weights_with_and_without_a_declaration(demo, copy_of, edit_json, tmp_path):
+    quantized = copy_of(demo.llama, "quantized")
+    path = quantized / "model-00001-of-00005.safetensors"
+    tensors = load_file(str(path))
+    weight = next(k for k in tensors if k.endswith("proj.weight"))
+    tensors[weight] = torch.zeros(tensors[weight].numel() // 2, 1, dtype=torch.uint8)
+    tensors[weight + ".absmax"] = torch.ones(4)
+    tensors[weight + ".quant_state.bitsandbytes__nf4"] = torch.zeros(8, dtype=torch.uint8)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    index = json.loads((quantized / "model.safetensors.index.json").read_text())
+    index["weight_map"].update({k: path.name for k in tensors})
+    (quantized / "model.safetensors.index.json").write_text(json.dumps(index))
+    f = finding("config.quantization", quantized)
+    assert f.verdict == "fail" and "declares no quantization_config" in f.title and ".absmax" in f.detail
+    edit_json(quantized / "config.json", quantization_config=BNB_4BIT)
+    assert finding("config.quantization", quantized).verdict == "pass"
+    adapter = lora_adapter(demo.llama, tmp_path / "on-4bit", target_modules=["q_proj"])
+    f = finding("config.quantization", quantized, adapter)
+    assert f.verdict == "warn" and "pre-quantized" in f.title and "merge_and_unload" in f.detail
+
+
+# --- config.generation -------------------------------------------------------------------------------------------
+def test_a_generation_config_save_pretrained_would_refuse_fails(demo, copy_of, edit_json):
+    ckpt = copy_of(demo.llama, "greedy-with-temperature")
+    edit_json(ckpt / "generation_config.json", do_sample=False, temperature=0.7)
+    f = finding("config.generation", ckpt)
+    assert f.verdict == "warn" and "temperature" in f.title and "#29988" in f.detail
+    edit_json(ckpt / "generation_config.json", early_stopping="sometimes")  # invalid even leniently
+    assert finding("config.generation", ckpt).verdict == "fail"
+    (ckpt / "generation_config.json").unlink()
+    assert finding("config.generation", ckpt).verdict == "skip"
+
+
+# --- the notebook's steps, as the runner and the panel run them ---------------------------------------------------
+def test_the_notebook_steps_report_every_check_on_the_demo(demo, tmp_path):
+    import workbench as wb
+    from workbench.catalog import notebook
+
+    nb = wb.open_notebook("00_saved_files", checkpoint=str(demo.qwen_stage2),
+                          findings_path=str(tmp_path / "f.json"))
+    for step in notebook("00_saved_files").steps:
+        nb.run(step.name)
+    found = {f.id: f.verdict for f in nb.recorder.findings}
+    assert set(found) == set(notebook("00_saved_files").checks)
+    assert "error" not in found.values() and "fail" not in found.values() and "warn" not in found.values()
+    assert "Bytes read" in nb.results["files"]._repr_html_()
+
+
+def test_a_tokenizer_that_does_not_load_is_an_error_of_the_tokenizer_checks(demo, copy_of):
+    broken = copy_of(demo.llama, "broken-tokenizer")
+    (broken / "tokenizer.json").write_text("{")
+    v = verdicts(broken)
+    assert v["tokenizer.vocab"] == v["tokenizer.special_tokens"] == "error"
+    assert v["config.generation"] == "pass"  # the other checks still answer
+
+
+def test_trainable_token_indices_past_the_rows_fail(demo, copy_of, edit_json):
+    adapter = copy_of(demo.qwen_stage2, "trainable-tokens")
+    edit_json(adapter / "adapter_config.json", trainable_token_indices=[5, 400])
+    f = finding("tokenizer.vocab", demo.qwen_stage1, adapter)
+    assert f.verdict == "fail" and "Token id 400" in f.title
+
+
+def test_a_name_list_reaching_clips_q_proj_warns_and_an_anchored_regex_does_not(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    torch.manual_seed(0)
+    LlavaForConditionalGeneration(LlavaConfig(  # LLaVA #1380: the CLIP tower has q_proj / v_proj too
+        vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=2, image_size=32, patch_size=8),
+        text_config=LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2),
+        image_token_index=255, image_seq_length=16)).save_pretrained(tmp_path / "llava")
+    found = {}
+    for name, targets in (("list", ["q_proj", "v_proj"]), ("regex", r".*language_model.*\.(q_proj|v_proj)")):
+        model = LlavaForConditionalGeneration.from_pretrained(tmp_path / "llava")
+        get_peft_model(model, LoraConfig(r=2, target_modules=targets)).save_pretrained(tmp_path / name)
+        found[name] = finding("adapter.targets", tmp_path / "llava", tmp_path / name)
+    assert found["list"].verdict == "warn" and "4 vision-tower module(s) (q_proj, v_proj)" in found["list"].title
+    assert found["list"].evidence["matched_per_component"] == {"language": 4, "vision": 4}
+    assert found["regex"].verdict == "info" and found["regex"].evidence["matched_per_component"] == {"language": 4}
