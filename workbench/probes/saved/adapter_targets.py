@@ -113,17 +113,16 @@ class AdapterTargetsResult(TextRepr):
                         f"{self.form} target_modules {self.target_modules!r}, matched by PEFT's own rule on a "
                         f"meta-device skeleton of the base{mts}.", evidence)]
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, findings_table
+    def display(self):
+        from workbench.report.display import Display, Table
+        from workbench.report.html import findings_block
 
         def names(modules: list[str]) -> str:
             return ", ".join(sorted({m.rsplit(".", 1)[-1] for m in modules}))
 
-        rows = "".join(f"<tr><td>{esc(c)}</td><td>{len(v)}</td><td>{esc(names(v))}</td></tr>"
-                       for c, v in self.matched.items())
-        table = ("<table class='wb-table'><tr><th>component</th><th>modules matched</th><th>names</th></tr>"
-                 f"{rows}</table>") if rows else ""
-        return findings_table(self.findings()) + table
+        rows = [[c, len(v), names(v)] for c, v in self.matched.items()]
+        return Display(findings_block(self.findings()),
+                       Table(["component", "modules matched", "names"], rows) if rows else None)
 
 
 def component_of(classifier, name: str) -> str:

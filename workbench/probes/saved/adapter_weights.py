@@ -134,19 +134,15 @@ class AdapterWeightsResult(TextRepr):
         fig.tight_layout()
         return fig
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, figure_html, findings_table
+    def display(self):
+        from workbench.report.display import Display, Paragraph, Table
+        from workbench.report.html import figure, findings_block
 
-        out = findings_table(self.findings())
-        if self.modules:
-            import pandas as pd
-
-            from workbench.report.html import frame_html
-
-            out += figure_html(self.plot()) + frame_html(pd.DataFrame(self.table()))
-        if self.other_tensors:
-            out += f"<p>Other saved tensors: {esc(', '.join(self.other_tensors[:20]))}</p>"
-        return out
+        return Display(
+            findings_block(self.findings()),
+            figure(self.plot, "update norm per adapted module") if self.modules else None,
+            Table.from_records(self.table()) if self.modules else None,
+            Paragraph("Other saved tensors: ", ", ".join(self.other_tensors[:20])) if self.other_tensors else None)
 
 
 def _scaling(config: dict[str, Any], module: str, rank: int) -> float:

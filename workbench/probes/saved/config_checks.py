@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from workbench.findings import Finding
-from workbench.probes.saved.files import SavedFiles, adapter_module, rows_html
+from workbench.probes.saved.files import SavedFiles, adapter_module, facts_display
 from workbench.report.text import TextRepr
 
 TIED = "config.tied_embeddings"
@@ -75,8 +75,8 @@ class TiedEmbeddingsResult(TextRepr):
                         + ("; the adapter keeps the tie (ensure_weight_tying)" if self.ensure_weight_tying and
                            self.adapter_touches else "") + ".", evidence)]
 
-    def _repr_html_(self) -> str:
-        return rows_html(self.findings(), [
+    def display(self):
+        return facts_display(self.findings(), [
             ("tie_word_embeddings", self.tie_word_embeddings), ("input embeddings", self.input_tensor),
             ("output embeddings (head)", self.output_tensor), ("same values (sampled)", self.same_bytes),
             ("adapter", "; ".join(self.adapter_touches) or None)])
@@ -188,8 +188,8 @@ class QuantizationResult(TextRepr):
         return [Finding(QUANT, "pass", "No quantization declared, none in the weights",
                         "Weight dtypes: " + ", ".join(f"{d} {n}" for d, n in self.dtypes.items()) + ".", evidence)]
 
-    def _repr_html_(self) -> str:
-        return rows_html(self.findings(), [("quantization_config", self.declared), ("weight dtypes", self.dtypes),
+    def display(self):
+        return facts_display(self.findings(), [("quantization_config", self.declared), ("weight dtypes", self.dtypes),
                                             ("quantization tensors", self.quantized_tensors[:5] or None)])
 
 
@@ -241,8 +241,8 @@ class GenerationResult(TextRepr):
                         ", ".join(f"{k}={v}" for k, v in (self.values or {}).items()
                                   if not k.startswith(("_", "transformers_version")))[:300], evidence)]
 
-    def _repr_html_(self) -> str:
-        return rows_html(self.findings(), [(k, v) for k, v in (self.values or {}).items()])
+    def display(self):
+        return facts_display(self.findings(), [(k, v) for k, v in (self.values or {}).items()])
 
 
 def generation_config(files: SavedFiles) -> GenerationResult:

@@ -184,27 +184,26 @@ class SavedFiles(TextRepr):
                     rows.append({"folder": label, "file": p.name, "bytes": p.stat().st_size})
         return rows
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc
+    def display(self):
+        from workbench.report.display import Code, Display, Paragraph, Table
 
-        rows = "".join(f"<tr><td>{esc(r['folder'])}</td><td>{esc(r['file'])}</td><td>{r['bytes']:,}</td></tr>"
-                       for r in self.files_table())
         read = ", ".join(f"{k}: {v:,}" for k, v in self.bytes_read.items()) or "nothing yet"
-        return (f"<p>Base <code>{esc(str(self.model_dir))}</code>"
-                + (f", adapter <code>{esc(str(self.adapter_dir))}</code>" if self.adapter_dir else "")
-                + (f", tokenizer from <code>{esc(str(self.tokenizer_dir))}</code>" if self.tokenizer_dir else
-                   ", no tokenizer files")
-                + f". Bytes read so far: {esc(read)}.</p><table class='wb-table'><tr><th>folder</th><th>file</th>"
-                f"<th>bytes</th></tr>{rows}</table>")
+        return Display(
+            Paragraph("Base ", Code(str(self.model_dir)),
+                      *((", adapter ", Code(str(self.adapter_dir))) if self.adapter_dir else ()),
+                      *((", tokenizer from ", Code(str(self.tokenizer_dir))) if self.tokenizer_dir
+                        else (", no tokenizer files",)),
+                      f". Bytes read so far: {read}."),
+            Table.from_records(self.files_table(), ["folder", "file", "bytes"]))
 
 
-def rows_html(findings, rows: list[tuple[str, Any]]) -> str:
+def facts_display(findings, rows: list[tuple[str, Any]]):
     """A result's findings, then its facts as a two-column table (empty values left out)."""
-    from workbench.report.html import esc, findings_table
+    from workbench.report.display import Code, Display, Table
+    from workbench.report.html import findings_block
 
-    body = "".join(f"<tr><th style='text-align:left'>{esc(k)}</th><td><code>{esc(str(v))}</code></td></tr>"
-                   for k, v in rows if v not in (None, [], {}))
-    return findings_table(findings) + (f"<table class='wb-table'>{body}</table>" if body else "")
+    facts = [[k, Code(str(v))] for k, v in rows if v not in (None, [], {})]
+    return Display(findings_block(findings), Table(None, facts, row_headers=True, left=True) if facts else None)
 
 
 def tokenizer_folder(*folders: Path | None) -> Path | None:

@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 from workbench.findings import Finding
-from workbench.probes.saved.files import SavedFiles, rows_html
+from workbench.probes.saved.files import SavedFiles, facts_display
 from workbench.report.text import TextRepr
 
 VOCAB = "tokenizer.vocab"
@@ -114,8 +114,8 @@ class VocabResult(TextRepr):
         rows = [r for name, r in self.adapter_rows.items() if "embed" in name or "wte" in name]
         return max(rows) if rows else None
 
-    def _repr_html_(self) -> str:
-        return rows_html(self.findings(), [
+    def display(self):
+        return facts_display(self.findings(), [
             ("tokenizer folder", self.tokenizer_dir), ("len(tokenizer)", self.tokenizer_len),
             ("largest added/special id", f"{self.max_special_id} {self.max_special_token!r}"),
             ("config vocab_size", self.config_vocab_size), (f"input embeddings {self.input_tensor}", self.input_rows),
@@ -241,8 +241,8 @@ class SpecialTokensResult(TextRepr):
         return [Finding(SPECIAL, "pass", f"Special tokens consistent: pad {self.pad!r}, EOS {self.eos!r}",
                         f"pad ≠ EOS{turn}; BOS {'added once' if self.bos else 'not used'}.", evidence)]
 
-    def _repr_html_(self) -> str:
-        return rows_html(self.findings(), [
+    def display(self):
+        return facts_display(self.findings(), [
             ("tokenizer folder", self.tokenizer_dir), ("pad", f"{self.pad!r} ({self.pad_id})"),
             ("eos", f"{self.eos!r} ({self.eos_id})"), ("bos", f"{self.bos!r} ({self.bos_id})"),
             ("generation eos_token_id", f"{self.generation_eos} ({self.generation_eos_from})"),
