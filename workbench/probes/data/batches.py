@@ -257,8 +257,7 @@ class DataPath(TextRepr):
         state._tokenizer = self.tokenizer
         state.chat_template = (get_training_chat_template(self.tokenizer) if self.assistant_only_loss and not
                                has_generation_markers(self.tokenizer.chat_template) else None)
-        state.completion_only_loss = (self.completion_only_loss if self.completion_only_loss is not None
-                                      else self.source.format == "prompt-completion")
+        state.completion_only_loss = bool(self.completion_only_loss)
         return SFTTrainer._prepare_dataset(state, dataset, self.tokenizer, args, False, None, "train")
 
     def _repr_html_(self) -> str:
@@ -304,6 +303,10 @@ def data_path_probe(target, samples: int | None = None, max_length: int | None =
         trainer, processor = prepared.trainer, prepared.processor
     else:
         processor = load_processor(target.model_dir)
+    if trainer is not None:  # the tokenizer the run pads with: the Trainer's, else its collator's
+        collator = trainer.data_collator
+        processor = (getattr(trainer, "processing_class", None) or getattr(collator, "tokenizer", None)
+                     or getattr(collator, "processor", None) or processor)
     tokenizer = getattr(processor, "tokenizer", processor)
     if tokenizer is None:
         raise ValueError(f"no tokenizer saved in {target.model_dir}: the data path needs the run's tokenizer")
@@ -325,7 +328,9 @@ def data_path_probe(target, samples: int | None = None, max_length: int | None =
         max_length = SFTConfig.__dataclass_fields__["max_length"].default
         notes.append(f"max_length {max_length}: trl's SFTConfig default (set max_length in --params to yours)")
     return DataPath(source, "trl", tokenizer, max_length, "keep_start",
-                    completion_only_loss=params.get("completion_only_loss"),
+                    # trl's default: completion-only for prompt/completion rows (SFTTrainer.__init__)
+                    completion_only_loss=(params["completion_only_loss"] if params.get("completion_only_loss")
+                                          is not None else source.format == "prompt-completion"),
                     assistant_only_loss=bool(params.get("assistant_only_loss", False)), samples=samples,
                     batch_size=int(params.get("per_device_train_batch_size", 8)), marker=marker,
                     stop_ids=frozenset(stops), notes=notes)

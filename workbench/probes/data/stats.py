@@ -63,6 +63,7 @@ class DataStatistics(TextRepr):
     answers_located: int = 0
     eos_eligible: int = 0  # rows in a batch, supervised, not cut: their EOS should be a label
     eos_supervised: int = 0
+    dropped_by_truncation: int = 0  # trl drops them: truncation left nothing supervised
     lengths: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     categories: dict[str, Category] = dataclasses.field(
         default_factory=lambda: {name: Category() for name in CATEGORIES})
@@ -115,6 +116,7 @@ class DataStatistics(TextRepr):
             self._mark("answer_cut", row)
         if labels is None:  # trl drops it
             if row.full_supervised:
+                self.dropped_by_truncation += 1
                 self._mark("answer_lost", row)
             else:
                 self._mark("dropped_unsupervised", row)
@@ -231,7 +233,8 @@ class DataStatistics(TextRepr):
         c = self.categories
         lengths = self.length_summary()
         evidence = self._evidence("truncated", "answer_cut", "answer_lost")
-        evidence.update(max_length=path.max_length, truncation_mode=path.truncation_mode, lengths=lengths)
+        evidence.update(max_length=path.max_length, truncation_mode=path.truncation_mode, lengths=lengths,
+                        dropped_by_truncation=self.dropped_by_truncation)
         limit = f"max_length {path.max_length}" if path.max_length is not None else "no max_length"
         fix = (f"Raise max_length above the longest rows you want whole (p99 {lengths.get('p99')}, max "
                f"{lengths.get('max')}), shorten or drop the long rows, or use truncation_mode='keep_end' when only "
@@ -239,7 +242,8 @@ class DataStatistics(TextRepr):
         lost = c["answer_cut"].count + c["answer_lost"].count
         if lost and lost / max(self.rows, 1) >= FAIL_SHARE or c["answer_lost"].count:
             lines = [self._line(n) for n in ("answer_lost", "answer_cut") if c[n].count]
-            trl_drop = (" trl drops the rows left with nothing supervised." if path.how == "trl" else "")
+            trl_drop = (f" trl drops the {self.dropped_by_truncation:,} row(s) truncation left with nothing "
+                        "supervised: they never reach a batch." if self.dropped_by_truncation else "")
             return Finding("data.truncation", "fail", f"{lost:,} answer(s) cut or lost by {limit}",
                            f"{self._line('truncated')}. " + " ".join(lines) + "." + trl_drop, evidence, fix)
         if c["truncated"].count:
