@@ -20,8 +20,9 @@ NOTEBOOK_03_CHECKS = {"peft.attributes", "peft.layer_status"}
 NOTEBOOK_04_CHECKS = {"grad.flow", "forward.mixed_precision_buffers", "forward.scenarios", "forward.dtype_flow"}
 NOTEBOOK_05_CHECKS = {"eval.metrics", "eval.memory", "adapter.base_model", "placement.offload"}
 NOTEBOOK_06_CHECKS = {"distributed.ddp", "distributed.fsdp"}
+NOTEBOOK_07_CHECKS = {"data.labels", "data.eos", "data.truncation", "data.template"}
 ALL_CHECKS = (NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOTEBOOK_04_CHECKS | NOTEBOOK_05_CHECKS
-              | NOTEBOOK_06_CHECKS)
+              | NOTEBOOK_06_CHECKS | NOTEBOOK_07_CHECKS)
 
 
 def run_cli(*args, cwd=None, env=None):
@@ -55,7 +56,7 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, 
     # transformers 5.23 does not wrap the 4-bit model, but doubles its batch; older releases crash in the replica
     wrap = next(f for f in report["findings"] if f["id"] == "parallel.trainer_wrap")
     assert wrap["verdict"] == "warn" and "136 → 68" in wrap["title"] and "BFloat16" in wrap["detail"]
-    assert [n["status"] for n in report["notebooks"]] == ["ok"] * 6
+    assert [n["status"] for n in report["notebooks"]] == ["ok"] * 7
     # the seeds' configuration (fp32 norms, bf16 lm_head) fails without autocast and in the replica thread
     assert verdicts["forward.scenarios"] == "fail" and verdicts["forward.dtype_flow"] == "fail"
     flow = next(f for f in report["findings"] if f["id"] == "forward.dtype_flow")
@@ -85,6 +86,9 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, 
     assert "r3-stage1" in evaluation and "<svg" in evaluation  # r3-two-stage's lineage chain
     # notebook 06 is not asked for without --distributed
     assert verdicts["distributed.ddp"] == verdicts["distributed.fsdp"] == "skip"
+    # notebook 07 is not asked for without --data: each check says skip, and how to give the data
+    assert {verdicts[c] for c in NOTEBOOK_07_CHECKS} == {"skip"}
+    assert "--data FILE" in next(f for f in report["findings"] if f["id"] == "data.labels")["detail"]
 
 
 @pytest.mark.slow
