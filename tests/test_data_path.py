@@ -173,3 +173,15 @@ def test_unreadable_rows_are_named(tmp_path):
     bad.write_text('{"question": "x"}\n')
     with pytest.raises(UsageError, match="none of the formats"):
         open_source(bad)
+
+
+def test_the_panel_runs_the_data_path(demo, chat_data):
+    from workbench.interactive.panel import GROUPS, PanelSession
+
+    assert "Data path" in GROUPS  # ticked by default: without data it only says skip
+    session = PanelSession()
+    target = session.validate(str(demo.llama), data=str(chat_data))
+    findings = {f.id: f.verdict for f in session.run(target, {"Data path"})}
+    assert findings == {"data.labels": "info", "data.eos": "pass", "data.truncation": "pass", "data.template": "pass"}
+    html = "".join(r._repr_html_() for r in session.results["Data path"])
+    assert "#c8e6c9" in html and "max_length" in html
