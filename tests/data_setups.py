@@ -72,3 +72,17 @@ def response_template_matches(checkpoint, data=None, **_):
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     return _trainer(checkpoint, tokenizer, _rows(data), CompletionOnlyCollator(tokenizer, "<|im_start|>assistant\n"))
+
+
+def sft_trainer(checkpoint, data=None, **_):
+    """A real trl SFTTrainer on prompt/completion rows (completion-only loss, trl's collator): healthy."""
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    args = SFTConfig(output_dir=tempfile.mkdtemp(prefix="data-sft-"), report_to=[], use_cpu=True, bf16=False,
+                     max_length=48, per_device_train_batch_size=4)
+    return SFTTrainer(model=model, args=args, processing_class=tokenizer,
+                      train_dataset=load_dataset("json", data_files=str(data), split="train"))

@@ -185,3 +185,15 @@ def test_the_panel_runs_the_data_path(demo, chat_data):
     assert findings == {"data.labels": "info", "data.eos": "pass", "data.truncation": "pass", "data.template": "pass"}
     html = "".join(r._repr_html_() for r in session.results["Data path"])
     assert "#c8e6c9" in html and "max_length" in html
+
+
+def test_a_real_sft_trainer_is_the_source_of_truth(demo, tmp_path):
+    data = tmp_path / "pc.jsonl"
+    data.write_text("".join(json.dumps({"prompt": r["messages"][:-1], "completion": r["messages"][-1:]}) + "\n"
+                            for r in chat_rows(24)))
+    found, view = diagnose_data(demo.llama, data, setup="data_setups:sft_trainer")
+    labels = found["data.labels"]
+    assert labels.evidence["built_by"] == "trainer" and "SFTTrainer" in labels.evidence["masking"]
+    assert labels.verdict == "pass" and labels.evidence["rows_read"] == 24, labels.detail  # prompts masked by design
+    assert found["data.eos"].verdict == "pass"
+    assert found["data.truncation"].evidence["max_length"] == 48  # the Trainer's own args.max_length

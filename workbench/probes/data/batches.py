@@ -38,6 +38,14 @@ class Row:
     full_supervised: int | None = None  # supervised tokens before truncation (trl path, dropped rows)
     prompt_end: int | None = None  # where the first answer starts (multi-turn: earlier answers are not prompt)
 
+    @property
+    def cut(self) -> bool:
+        """Cut by max_length. A Trainer's rows come truncated: one at max_length counts as cut (it may fit exactly)."""
+        lo, hi = self.window
+        return hi - lo < self.full_length or self.at_limit
+
+    at_limit: bool = False
+
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     n = 0
@@ -191,7 +199,8 @@ class DataPath(TextRepr):
                 row_ids = [ids[i][j] for j in keep]
                 row_labels = [labels[i][j] for j in keep]
                 yield Row(index, row_ids, row_labels, len(row_ids), (0, len(row_ids)),
-                          answer_start(row_ids, self.marker))
+                          answer_start(row_ids, self.marker),
+                          at_limit=self.max_length is not None and len(row_ids) >= self.max_length)
                 index += 1
                 if self.samples and index >= self.samples:
                     return

@@ -100,7 +100,7 @@ class DataStatistics(TextRepr):
         self._marked = False
         self.lengths[row.full_length] += 1
         lo, hi = row.window
-        cut = hi - lo < row.full_length
+        cut = row.cut
         ids, labels = row.ids, row.labels
         if cut:
             self._mark("truncated", row)
