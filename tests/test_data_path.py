@@ -197,3 +197,14 @@ def test_a_real_sft_trainer_is_the_source_of_truth(demo, tmp_path):
     assert labels.verdict == "pass" and labels.evidence["rows_read"] == 24, labels.detail  # prompts masked by design
     assert found["data.eos"].verdict == "pass"
     assert found["data.truncation"].evidence["max_length"] == 48  # the Trainer's own args.max_length
+
+
+def test_a_setup_may_return_its_trainer_to_every_notebook(demo, chat_data):
+    from workbench.model.setups import prepare_model
+
+    pc = chat_data.with_name("pc-prepare.jsonl")
+    pc.write_text("".join(json.dumps({"prompt": r["messages"][:-1], "completion": r["messages"][-1:]}) + "\n"
+                          for r in chat_rows(8)))
+    prepared = prepare_model(resolve_target(str(demo.llama), setup="data_setups:sft_trainer", data=str(pc)))
+    assert type(prepared.trainer).__name__ == "SFTTrainer" and prepared.model is prepared.trainer.model
+    assert "SFTTrainer your set-up returned" in prepared.description

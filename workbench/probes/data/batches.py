@@ -133,11 +133,23 @@ class DataPath(TextRepr):
     marker: list[int] | None = None
     stop_ids: frozenset[int] = frozenset()
     notes: list[str] = dataclasses.field(default_factory=list)
+    trainer_rows: int | None = None  # len(train_dataset), when it has one
+    collator_name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.trainer is not None:
+            dataset = self.trainer.train_dataset
+            self.trainer_rows = len(dataset) if hasattr(dataset, "__len__") else None
+            self.collator_name = f"your {type(self.trainer).__name__}'s collator ({type(self.trainer.data_collator).__name__})"
+
+    def release(self) -> None:
+        """Drop the Trainer (and the model it holds) once its rows have been read."""
+        self.trainer = None
 
     @property
     def total(self) -> int | None:
         if self.how == "trainer":
-            n = len(self.trainer.train_dataset) if hasattr(self.trainer.train_dataset, "__len__") else None
+            n = self.trainer_rows
             return min(n, self.samples) if (n is not None and self.samples) else n
         return self.source.count(self.samples) if self.source is not None else 0
 
@@ -152,7 +164,7 @@ class DataPath(TextRepr):
     @property
     def masking(self) -> str:
         if self.how == "trainer":
-            return f"your {type(self.trainer).__name__}'s collator ({type(self.trainer.data_collator).__name__})"
+            return self.collator_name
         if self.assistant_only_loss:
             return "assistant-only loss (trl's assistant masks)"
         if self.completion_only_loss:
@@ -185,6 +197,8 @@ class DataPath(TextRepr):
         from torch.utils.data import SequentialSampler
 
         trainer = self.trainer
+        if trainer is None:
+            raise RuntimeError("the Trainer was released after the statistics read its rows; run data_path again")
         trainer._get_train_sampler = lambda *a, **k: SequentialSampler(trainer.train_dataset)
         try:
             loader = trainer.get_train_dataloader()
@@ -322,7 +336,8 @@ def data_path_probe(target, samples: int | None = None, max_length: int | None =
     marker, stops = template_markers(tokenizer)
     if trainer is not None:
         args = trainer.args
-        limit = max_length if max_length is not None else getattr(args, "max_length", None)
+        limit = getattr(args, "max_length", None)  # the Trainer's own (trl's SFTConfig), else the parameter
+        limit = max_length if limit is None else limit
         path = DataPath(source, "trainer", tokenizer, limit, getattr(args, "truncation_mode", "keep_start"),
                         trainer=trainer, samples=samples, batch_size=args.per_device_train_batch_size,
                         marker=marker, stop_ids=frozenset(stops), notes=notes)

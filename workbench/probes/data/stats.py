@@ -86,6 +86,7 @@ class DataStatistics(TextRepr):
                 bar.update(1)
         finally:
             bar.close()
+        path.release()  # a Trainer's model is not kept resident after its rows are read
         return self
 
     def _mark(self, name: str, row: Row) -> None:
@@ -324,7 +325,7 @@ def _has_special(raw: dict[str, Any], specials: tuple[str, ...]) -> bool:
 
 def _masking_cause(path: DataPath) -> str:
     if path.how == "trainer":
-        return (f"Your {type(path.trainer.data_collator).__name__} produced these labels: typically a response "
+        return (f"{path.collator_name[0].upper()}{path.collator_name[1:]} produced these labels: typically a response "
                 "template it never finds in the tokenized rows (the chat template renders the assistant header "
                 "differently, or tokens merge across it), so it masks the whole row.")
     return f"trl built these labels ({path.masking}): the rows have no answer tokens to supervise."
