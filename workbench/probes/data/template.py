@@ -73,9 +73,10 @@ class TemplateResult(TextRepr):
                            "that renders then encodes (inference included) must pass add_special_tokens=False. "
                            "Strip or escape special-token strings from the data's text.")
         no_bos = "The tokenizer has no BOS token: nothing to double. " if self.bos is None else ""
+        compared = (f"render-then-encode equals apply_chat_template(tokenize=True) on {self.compared} rows"
+                    if self.compared else "no conversational row to render (nothing to compare)")
         return Finding("data.template", "pass", "Template, tokenizer and text agree",
-                       f"{no_bos}No batched row starts with BOS twice; render-then-encode equals "
-                       f"apply_chat_template(tokenize=True) on {self.compared} rows; no special token in the text.",
+                       f"{no_bos}No batched row starts with BOS twice; {compared}; no special token in the text.",
                        evidence)
 
     def _repr_html_(self) -> str:
