@@ -73,6 +73,9 @@ def cmd_demo(args) -> int:
         print(f"{label:12} {getattr(paths, label)}")
     recipes = build_demo_recipes(force=args.force)
     print(f"{'recipes':12} {recipes.recipes_file}")
+    from workbench.demo.chat_data import demo_chat_data
+
+    print(f"{'chat data':12} {demo_chat_data()}   (notebook 07: --data)")
     return 0
 
 
