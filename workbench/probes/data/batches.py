@@ -206,6 +206,9 @@ class DataPath(TextRepr):
             del trainer._get_train_sampler
         index = 0
         for batch in loader:
+            if "labels" not in batch:
+                raise ValueError(f"your {type(trainer).__name__}'s batches carry no labels (keys: {sorted(batch)}): "
+                                 "the model computes no loss from them; give the collator labels")
             ids, labels = batch["input_ids"].tolist(), batch["labels"].tolist()
             mask = batch["attention_mask"].tolist() if "attention_mask" in batch else None
             for i in range(len(ids)):
