@@ -208,3 +208,21 @@ def test_a_setup_may_return_its_trainer_to_every_notebook(demo, chat_data):
     prepared = prepare_model(resolve_target(str(demo.llama), setup="data_setups:sft_trainer", data=str(pc)))
     assert type(prepared.trainer).__name__ == "SFTTrainer" and prepared.model is prepared.trainer.model
     assert "SFTTrainer your set-up returned" in prepared.description
+
+
+def test_pre_tokenized_rows_with_their_own_labels(demo, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo.llama)
+    rows = []
+    for r in chat_rows(6):
+        ids = list(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"])
+        rows.append({"input_ids": ids, "labels": [-100] * len(ids)})  # a script that masked everything
+    data = tmp_path / "tokenized.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert open_source(data).format == "tokenized"
+    found, _ = diagnose_data(demo.llama, data)
+    # trl keeps a labels column as is; with max_length set it drops the rows that supervise nothing: all of them
+    labels = found["data.labels"]
+    assert labels.verdict == "fail" and labels.evidence["dropped_unsupervised"]["count"] == 6, labels.detail
+    assert "6 of 6 rows (100.0 %) nothing to supervise: trl drops the row" in labels.detail

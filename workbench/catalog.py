@@ -237,8 +237,9 @@ CHECKS: tuple[Check, ...] = (
        "supervise no token of their answer, which supervise the prompt when the run means answer-only loss?",
        (f"{_DATA}.stats:data_statistics_probe",),
        **{"pass": "every answer supervised, prompts masked", "info": "whole-sequence loss: prompts supervised by design",
-          "warn": "prompts supervised under answer-only loss, or rows trl drops for having nothing to supervise",
-          "fail": "rows with nothing supervised, or answers unsupervised (rows named)", "skip": "no --data"}),
+          "warn": "prompts supervised under answer-only loss, or < 1 % of rows dropped by trl as unsupervised",
+          "fail": "rows with nothing supervised (batched, or ≥ 1 % dropped by trl), or answers unsupervised "
+                  "(rows named)", "skip": "no --data"}),
     _c("data.eos", "07_data_path",
        "Is the end-of-turn / EOS token a supervised label in every row that reaches a batch whole?",
        (f"{_DATA}.stats:data_statistics_probe",),

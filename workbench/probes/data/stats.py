@@ -19,7 +19,7 @@ from workbench.probes.data.batches import IGNORE, DataPath, Row, batch_progress,
 from workbench.report.text import TextRepr
 
 NAMED = 20  # rows named per category
-FAIL_SHARE = 0.01  # truncation: answers cut in at least this share of rows is a fail
+FAIL_SHARE = 0.01  # answers cut, or rows trl drops as unsupervised, in at least this share of rows: a fail
 VIEW_ROWS = 3  # healthy rows kept for the token view, beside the first row of each defect
 SKIP_MESSAGE = ("No training data given: pass --data FILE (a JSONL of `messages`, `prompt`/`completion` or `text` "
                 "rows, or a datasets.save_to_disk folder); make diagnose DATA=FILE; or data = \"FILE\" in the "
@@ -171,9 +171,11 @@ class DataStatistics(TextRepr):
         evidence.update(supervised_tokens=self.supervised_tokens, tokens=self.tokens,
                         answers_located=self.answers_located)
         problems = [n for n in ("nothing_supervised", "answer_unsupervised") if c[n].count]
+        if self.share("dropped_unsupervised") >= FAIL_SHARE:  # trl drops them silently: the data is still lost
+            problems.append("dropped_unsupervised")
         if problems:
-            return Finding("data.labels", "fail", f"{sum(c[n].count for n in problems):,} row(s) train nothing on "
-                           "their answer", " ".join(self._line(n) for n in problems) + ". " + _masking_cause(self.path),
+            return Finding("data.labels", "fail", f"{sum(c[n].count for n in problems):,} of {self.rows:,} row(s) "
+                           "train nothing on their answer", " ".join(self._line(n) for n in problems) + ". " + _masking_cause(self.path),
                            evidence, _labels_fix(self.path))
         warnings = [n for n in ("prompt_supervised", "dropped_unsupervised") if c[n].count]
         if warnings:
