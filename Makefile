@@ -14,6 +14,7 @@ PARAMS ?=
 DEVICE_MAP ?=
 MAX_MEMORY ?=
 RECIPES ?=
+DATA ?=
 DISTRIBUTED ?=
 REPORTS ?= reports
 
@@ -21,7 +22,7 @@ DIAGNOSE_ARGS := $(CKPT) \
 	$(if $(ADAPTER),--adapter $(ADAPTER)) $(if $(BASE),--base $(BASE)) $(if $(QUANT),--quant $(QUANT)) \
 	$(if $(GPUS),--gpus $(GPUS)) $(if $(SETUP),--setup $(SETUP)) $(if $(PARAMS),--params $(PARAMS)) \
 	$(if $(DEVICE_MAP),--device-map $(DEVICE_MAP)) $(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY)) $(if $(RECIPES),--recipes $(RECIPES)) \
-	$(if $(DISTRIBUTED),--distributed $(DISTRIBUTED)) \
+	$(if $(DISTRIBUTED),--distributed $(DISTRIBUTED)) $(if $(DATA),--data $(DATA)) \
 	--reports-dir $(REPORTS)
 
 .PHONY: install diagnose census checks demo test test-fast lab bench clean

@@ -383,6 +383,60 @@ start = time.perf_counter(); result = {{}}
             "ratio": (run["anon_one"] - idle["anon_one"]) / ckpt_bytes}
 
 
+DATA_PATH = """
+import datasets
+from pathlib import Path
+from trl import SFTConfig
+from trl.trainer.sft_trainer import SFTTrainer
+from workbench.demo.chat_data import write_chat_data
+from workbench.model.target import resolve_target
+from workbench.probes.data.batches import data_path_probe
+from workbench.probes.data.stats import data_statistics_probe
+from workbench.probes.data.template import template_probe
+datasets.disable_caching(); datasets.disable_progress_bars()
+import os; os.environ['WORKBENCH_BATCH'] = '1'
+small = write_chat_data(Path(TMP) / 'small.jsonl', rows=200)
+data = write_chat_data(Path(TMP) / 'chat.jsonl', rows=ROWS)
+
+def trl_preparation(path):
+    # what SFTTrainer.__init__ runs on a train_dataset: load it, then trl's own _prepare_dataset (max_length 1024)
+    probe = data_path_probe(resolve_target(FOLDER, data=str(path)))
+    state = type('State', (), {})()
+    state._tokenizer, state.chat_template, state.completion_only_loss = probe.tokenizer, None, False
+    args = SFTConfig(output_dir=TMP, report_to=[], use_cpu=True, bf16=False)
+    t = time.perf_counter()
+    prepared = SFTTrainer._prepare_dataset(state, datasets.Dataset.from_json(str(path)), probe.tokenizer, args,
+                                           False, None, 'train')
+    assert len(prepared) == ROWS or path == small
+    return time.perf_counter() - t
+
+def data_path(path):
+    # notebook 07 without the token view: the streamed statistics and the template check
+    t = time.perf_counter()
+    probe = data_path_probe(resolve_target(FOLDER, data=str(path)))
+    stats = data_statistics_probe(probe)
+    template_probe(probe, stats)
+    assert stats.rows == ROWS or path == small
+    return time.perf_counter() - t
+
+trl_preparation(small); data_path(small)  # imports and first-call costs outside the clock
+trl, ours = [], []
+for _ in range(2):
+    trl.append(trl_preparation(data)); ours.append(data_path(data))
+result = {'trl': trl, 'ours': ours, 'rows': ROWS}
+"""
+
+
+def data_path_row(rows: list, folder: Path, tmp: Path, n_rows: int) -> None:
+    """Notebook 07's whole-dataset pass against trl's own dataset preparation on the same rows, same process."""
+    body = DATA_PATH.replace("FOLDER", repr(str(folder))).replace("TMP", repr(str(tmp))).replace("ROWS", str(n_rows))
+    out = measure(body, 1)[0]
+    ratio = statistics.median(out["ours"]) / statistics.median(out["trl"])
+    rows.append((f"data path (notebook 07) on {n_rows:,} chat rows vs trl's dataset preparation, same process",
+                 stats(out["ours"]), stats(out["trl"]), f"{ratio:.2f}× trl's time",
+                 "goal ≤ 2×; streamed: every row, labels after the collator, EOS, truncation, template"))
+
+
 def print_rows(rows: list) -> None:
     print("\n| what | ours (min / median / max) | naive (min / median / max) | ratio | notes |")
     print("|---|---|---|---|---|")
@@ -400,6 +454,8 @@ def main() -> None:
     parser.add_argument("--only-startup", action="store_true", help="just --help and census as processes")
     parser.add_argument("--only-scaling", action="store_true",
                         help="just diagnose vs load + forward on 0.4 / 1.3 / 2.6 GB checkpoints")
+    parser.add_argument("--only-data", action="store_true", help="just the data path against trl's preparation")
+    parser.add_argument("--data-rows", type=int, default=20_000)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     from sparse_checkpoint import write_adapter, write_sparse_checkpoint
@@ -416,6 +472,11 @@ def main() -> None:
     if args.only_scaling:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
             scaling_rows(rows, Path(tmp), args.repeats)
+        print_rows(rows)
+        return
+    if args.only_data:
+        with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+            data_path_row(rows, demo.llama, Path(tmp), args.data_rows)
         print_rows(rows)
         return
     if args.only_startup:
@@ -476,6 +537,7 @@ def main() -> None:
                          stats([r["traced"] for r in tr], "ms", 1000), stats([r["plain"] for r in tr], "ms", 1000),
                          f"{statistics.median(ratios):.2f}× the plain forward", "goal ≤ 1.5×"))
 
+        data_path_row(rows, demo.llama, tmp, args.data_rows)
         serial = diagnose_runs(args.diagnose_runs, 1, tmp / "r1")
         side = diagnose_runs(args.diagnose_runs, 2, tmp / "r2")
         per_nb = {name: statistics.median(r["notebooks"][name] for r in serial) for name in serial[0]["notebooks"]}

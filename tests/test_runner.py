@@ -22,8 +22,9 @@ NOTEBOOK_03_CHECKS = {"peft.attributes", "peft.layer_status"}
 NOTEBOOK_04_CHECKS = {"grad.flow", "forward.mixed_precision_buffers", "forward.scenarios", "forward.dtype_flow"}
 NOTEBOOK_05_CHECKS = {"eval.metrics", "eval.memory", "adapter.base_model", "placement.offload"}
 NOTEBOOK_06_CHECKS = {"distributed.ddp", "distributed.fsdp"}
-ALL_CHECKS = (NOTEBOOK_00_CHECKS | NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOTEBOOK_04_CHECKS | NOTEBOOK_05_CHECKS
-              | NOTEBOOK_06_CHECKS)
+NOTEBOOK_07_CHECKS = {"data.labels", "data.eos", "data.truncation", "data.template"}
+ALL_CHECKS = (NOTEBOOK_00_CHECKS | NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOTEBOOK_04_CHECKS
+              | NOTEBOOK_05_CHECKS | NOTEBOOK_06_CHECKS | NOTEBOOK_07_CHECKS)
 
 
 def run_cli(*args, cwd=None, env=None):
@@ -57,7 +58,7 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, 
     # transformers 5.23 does not wrap the 4-bit model, but doubles its batch; older releases crash in the replica
     wrap = next(f for f in report["findings"] if f["id"] == "parallel.trainer_wrap")
     assert wrap["verdict"] == "warn" and "136 → 68" in wrap["title"] and "BFloat16" in wrap["detail"]
-    assert [n["status"] for n in report["notebooks"]] == ["ok"] * 7
+    assert [n["status"] for n in report["notebooks"]] == ["ok"] * 8
     # notebook 00: the demo's saved files are healthy (its seeds' story is in the set-up, not in the files)
     assert {verdicts[c] for c in NOTEBOOK_00_CHECKS - {"adapter.targets"}} == {"pass"}
     assert verdicts["adapter.targets"] == "info"
@@ -92,11 +93,14 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, 
     assert verdicts["distributed.ddp"] == verdicts["distributed.fsdp"] == "skip"
     # one kernel for the whole diagnosis; what it cost is in the report, and the kernel's chatter is not on the console
     cost = report["cost"]
-    assert cost["kernels_started"] == 1 and [n["kernel"] for n in report["notebooks"]] == ["shared"] * 6
+    assert cost["kernels_started"] == 1 and [n["kernel"] for n in report["notebooks"]] == ["shared"] * 8
     assert cost["model_loads"] == len(cost["loads"]) and cost["peak_rss_bytes"] > 0
     assert set(cost["notebook_seconds"]) == {n["name"] for n in report["notebooks"]}
     assert "IPKernelApp" not in result.stdout + result.stderr and (folder / "kernel.log").exists()
     assert "model loads" in index
+    # notebook 07 is not asked for without --data: each check says skip, and how to give the data
+    assert {verdicts[c] for c in NOTEBOOK_07_CHECKS} == {"skip"}
+    assert "--data FILE" in next(f for f in report["findings"] if f["id"] == "data.labels")["detail"]
 
 
 @pytest.mark.slow

@@ -84,6 +84,7 @@ _PARALLEL = "workbench.probes.parallel.probes"
 _PEFT = "workbench.probes.peft.probes"
 _PREPARE = Step("prepared", "prepare the model (set-up)", "workbench.model.shared:prepare_shared")
 _SAVED = "workbench.probes.saved"
+_DATA = "workbench.probes.data"
 
 NOTEBOOKS: tuple[NotebookSpec, ...] = (
     NotebookSpec("00_saved_files", "00 · What the saved files say", "Saved files", (
@@ -141,6 +142,15 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
              kwargs={"ranks": "option.distributed",
                      "ddp_find_unused_parameters": "params.ddp_find_unused_parameters"}),
     ), panel=False),
+    NotebookSpec("07_data_path", "07 · The data path: what the model is trained on", "Data path", (
+        Step("data_path", "the batches as your run builds them", f"{_DATA}.batches:data_path_probe",
+             kwargs={"samples": "params.data_samples", "max_length": "params.max_length"}),
+        Step("data_stats", "every row: labels, EOS, truncation", f"{_DATA}.stats:data_statistics_probe",
+             ("data_path",)),
+        Step("data_template", "chat template and tokenizer", f"{_DATA}.template:template_probe",
+             ("data_path", "data_stats")),
+        Step("token_view", "token view", f"{_DATA}.token_view:token_view_probe", ("data_path", "data_stats")),
+    )),
 )
 
 
@@ -286,6 +296,32 @@ CHECKS: tuple[Check, ...] = (
        ("workbench.distributed.probes:distributed_probe",),
        **{"pass": "no promotion", "warn": "fails, not on a dtype", "fail": "the buffer named",
           "error": "a rank crashed or timed out", "skip": "not asked, or fully_shard refuses a quantized model"}),
+    _c("data.labels", "07_data_path",
+       "In the batches your run builds, which rows supervise nothing (every label -100: loss 0 or NaN), which "
+       "supervise no token of their answer, which supervise the prompt when the run means answer-only loss?",
+       (f"{_DATA}.stats:data_statistics_probe",),
+       **{"pass": "every answer supervised, prompts masked", "info": "whole-sequence loss: prompts supervised by design",
+          "warn": "prompts supervised under answer-only loss, or < 1 % of rows dropped by trl as unsupervised",
+          "fail": "rows with nothing supervised (batched, or ≥ 1 % dropped by trl), or answers unsupervised "
+                  "(rows named)", "skip": "no --data"}),
+    _c("data.eos", "07_data_path",
+       "Is the end-of-turn / EOS token a supervised label in every row that reaches a batch whole?",
+       (f"{_DATA}.stats:data_statistics_probe",),
+       **{"pass": "in every uncut row", "warn": "missing or masked in some rows (named)",
+          "fail": "in none: the model never learns to stop (pad = EOS masked as padding, named by id)",
+          "skip": "no --data, or no uncut supervised row"}),
+    _c("data.truncation", "07_data_path",
+       "Which rows does max_length cut, and of those, whose answer is cut or lost entirely? The length "
+       "distribution against max_length.", (f"{_DATA}.stats:data_statistics_probe",),
+       **{"pass": "no row cut", "warn": "rows cut, answers (nearly all) intact",
+          "fail": "answers lost, or cut in ≥ 1 % of rows (named)", "skip": "no --data"}),
+    _c("data.template", "07_data_path",
+       "Does a batched row start with BOS twice (template BOS + tokenizer BOS), does render-then-encode differ "
+       "from apply_chat_template(tokenize=True), does the raw text hold special tokens?",
+       (f"{_DATA}.template:template_probe",),
+       **{"pass": "template, tokenizer and text agree (no BOS at all cannot double)",
+          "warn": "render-then-encode differs, or special tokens in the text (rows named)",
+          "fail": "batched rows start with BOS twice", "skip": "no --data"}),
 )
 
 

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--distributed", type=int, default=0,
                    help="ranks for the DDP/FSDP2 probes under torchrun (notebook 06; default 0: not run)")
     d.add_argument("--recipes", help="a recipes YAML to evaluate side by side in notebook 05 (parameters/recipes.yaml)")
+    d.add_argument("--data", help="the training data for notebook 07: a JSONL (messages, prompt/completion or text) "
+                   "or a datasets.save_to_disk folder")
     d.add_argument("--reports-dir", default="reports", help="where reports go (default: reports/)")
     d.add_argument("--notebooks", nargs="*", help="only these notebooks (by number or name prefix)")
     d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
@@ -72,6 +74,9 @@ def cmd_demo(args) -> int:
         print(f"{label:12} {getattr(paths, label)}")
     recipes = build_demo_recipes(force=args.force)
     print(f"{'recipes':12} {recipes.recipes_file}")
+    from workbench.demo.chat_data import demo_chat_data
+
+    print(f"{'chat data':12} {demo_chat_data()}   (notebook 07: --data)")
     return 0
 
 
@@ -142,7 +147,7 @@ def cmd_diagnose(args) -> int:
     target = resolve_target(checkpoint, adapter=args.adapter, base=args.base, quant=quant or "none", gpus=gpus,
                             setup=setup, params=params, device_map=args.device_map,
                             max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                            allow_pickle=args.allow_pickle)
+                            allow_pickle=args.allow_pickle, data=args.data)
     if args.cell_timeout < 1:
         raise UsageError(f"--cell-timeout {args.cell_timeout}: use a number of seconds, 1 or more")
     if args.jobs < 0:

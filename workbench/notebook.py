@@ -23,6 +23,7 @@ from workbench.report.text import TextRepr
 TARGET_OPTIONS: dict[str, Any] = {
     "checkpoint": "", "adapter": "", "base": "", "quant": "none", "gpus": 1, "setup": "plain", "device_map": "",
     "max_memory": "", "dtype": "auto", "params_json": "{}", "trust_remote_code": False, "allow_pickle": False,
+    "data": "",
 }
 NOTEBOOK_PARAMETERS: dict[str, Any] = {**TARGET_OPTIONS, "distributed": 0, "findings_path": ""}
 

@@ -27,7 +27,11 @@ SCHEMA: dict[str, type] = {"components": dict, "real_quant_max_bytes": int, "com
                            "recipes": str, "eval_dataset": str, "eval_samples": int,
                            # notebook 06: TrainingArguments.ddp_find_unused_parameters as your run sets it
                            # (absent: the Trainer's own choice)
-                           "ddp_find_unused_parameters": bool}
+                           "ddp_find_unused_parameters": bool,
+                           # notebook 07 (--data): rows to read (absent: every row), the run's max_length (absent:
+                           # your Trainer's, else trl's SFTConfig default) and its loss masking when no Trainer says
+                           "data_samples": int, "max_length": int, "completion_only_loss": bool,
+                           "assistant_only_loss": bool}
 
 
 def validate_params(data: Any, source: str = "parameters") -> dict[str, Any]:

@@ -83,10 +83,10 @@ class PanelSession:
 
     @staticmethod
     def validate(checkpoint: str, *, base: str = "", quant: str = "none", gpus: int = 1,
-                 setup: str = "plain") -> Target:
+                 setup: str = "plain", data: str = "") -> Target:
         """The resolved target, or UsageError with the one-line reason (shown under the path box)."""
         return resolve_target(checkpoint.strip(), base=base.strip() or None, quant=quant, gpus=gpus,
-                              setup=setup.strip() or "plain")
+                              setup=setup.strip() or "plain", data=data.strip() or None)
 
     def steps_for(self, groups: set[str]) -> list[PanelStep]:
         return panel_steps(groups)
@@ -150,6 +150,8 @@ class Panel:
         self.gpus = w.BoundedIntText(value=int(options.get("gpus", 1)), min=1, max=64, description="GPUs")
         self.setup = w.Combobox(value=options.get("setup", "plain"), options=list(BUILTIN_SETUPS),
                                 description="Set-up", placeholder="plain | qlora | … | module:function")
+        self.data = w.Text(value=options.get("data", ""), description="Data", layout=wide, continuous_update=False,
+                           placeholder="training data for the data path: a JSONL or a save_to_disk folder")
         self.status = w.HTML()
         self.groups = {g: w.Checkbox(value=g in GROUPS, description=g, indent=False, layout=w.Layout(width="150px"))
                        for g in (*GROUPS, *MORE_GROUPS)}
@@ -160,12 +162,12 @@ class Panel:
         self.tabs = w.Tab(children=[self.outputs[t] for t in TABS])
         for i, tab in enumerate(TABS):
             self.tabs.set_title(i, tab)
-        for widget in (self.path, self.base, self.quant, self.gpus, self.setup):
+        for widget in (self.path, self.base, self.quant, self.gpus, self.setup, self.data):
             widget.observe(lambda _change: self.validate(), names="value")
         self.button.on_click(lambda _button: self.run())
         self.widget = w.VBox([
             w.HTML("<b>Workbench</b> · diagnose a checkpoint: pick it, choose the options, run the probes"),
-            self.path, self.base, w.HBox([self.quant, self.gpus, self.setup]), self.status,
+            self.path, self.base, w.HBox([self.quant, self.gpus, self.setup]), self.data, self.status,
             w.HBox(list(self.groups.values())), w.HBox([self.button, self.progress, self.step_label]), self.tabs,
         ])
         self.widget.add_class("workbench-panel")
@@ -181,7 +183,8 @@ class Panel:
 
         try:
             self.target = self.session.validate(self.path.value, base=self.base.value, quant=self.quant.value,
-                                                gpus=self.gpus.value, setup=self.setup.value)
+                                                gpus=self.gpus.value, setup=self.setup.value,
+                                                data=self.data.value)
         except UsageError as exc:
             self.target = None
             self.status.value = f'<span style="color:#c62828">✗ {esc(str(exc))}</span>'

@@ -3,7 +3,9 @@
 A set-up is a callable `fn(checkpoint=PATH, **options) -> model | (model, processor)` that prepares the model
 exactly as a training script does. Built-ins cover the common cases; `--setup my_pkg.train:load_model` runs the
 user's own `load_model_for_recipe()`. Options passed: adapter, quant, dtype, device_map, max_memory,
-trust_remote_code, allow_pickle (a user set-up may ignore them, hence **options).
+trust_remote_code, allow_pickle, data (the --data path or None; a user set-up may ignore them, hence **options).
+A set-up may also return its `transformers.Trainer` (or trl `SFTTrainer`): the probes then look at `trainer.model`,
+and notebook 07 reads the batches from the Trainer's own train_dataset, data_collator and get_train_dataloader().
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ class PreparedModel(TextRepr):
     processor: Any
     setup: str
     description: str
+    trainer: Any = None  # the Trainer the set-up returned, if it returned one
 
     def display(self):
         from workbench.report.display import Code, Display, Paragraph
@@ -184,17 +187,32 @@ def prepare_model(target) -> PreparedModel:
         check_fits(target)
     options = dict(adapter=str(target.adapter_dir) if target.adapter_dir else None, quant=target.quant,
                    dtype=target.dtype, device_map=target.device_map, max_memory=target.max_memory,
-                   trust_remote_code=target.trust_remote_code, allow_pickle=target.allow_pickle)
+                   trust_remote_code=target.trust_remote_code, allow_pickle=target.allow_pickle,
+                   data=getattr(target, "data", None))
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(func).parameters.values())
     if not accepts_any:
         allowed = set(inspect.signature(func).parameters)
         options = {k: v for k, v in options.items() if k in allowed}
     returned = func(checkpoint=str(target.model_dir), **options)
     model, processor = (returned if isinstance(returned, tuple) else (returned, None))
+    trainer = None
+    if is_trainer(model):
+        trainer, model = model, model.model
+        processor = processor or getattr(trainer, "processing_class", None)
     if processor is None:
         processor = load_processor(target.model_dir)
     n_params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     description = (f"{type(model).__name__} with {n_params:,} parameter elements ({trainable:,} trainable), "
                    f"quantization {target.quant}, processor {type(processor).__name__ if processor else 'none'}")
-    return PreparedModel(model, processor, target.setup, description)
+    if trainer is not None:
+        description += f", inside the {type(trainer).__name__} your set-up returned"
+    return PreparedModel(model, processor, target.setup, description, trainer)
+
+
+def is_trainer(obj: Any) -> bool:
+    """A transformers.Trainer (trl's trainers derive from it) or anything shaped like one."""
+    from transformers import Trainer
+
+    return isinstance(obj, Trainer) or (hasattr(obj, "get_train_dataloader") and hasattr(obj, "data_collator")
+                                        and isinstance(getattr(obj, "model", None), torch.nn.Module))

@@ -39,6 +39,7 @@ class Target(TextRepr):
     allow_pickle: bool = False
     adapter_arg: str | None = None  # --adapter and --base as given, for re-resolving in a notebook kernel
     base_arg: str | None = None
+    data: str | None = None  # --data: the training data (JSONL or a save_to_disk folder), notebook 07
 
     @property
     def name(self) -> str:
@@ -66,6 +67,7 @@ class Target(TextRepr):
             "max_memory": ",".join(f"{k}={v}" for k, v in (self.max_memory or {}).items()),
             "dtype": self.dtype, "params_json": json.dumps(self.params),
             "trust_remote_code": self.trust_remote_code, "allow_pickle": self.allow_pickle,
+            "data": absolute(self.data),
         }
 
     def display(self):
@@ -131,7 +133,7 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                    gpus: int | str = 1, setup: str | None = None, params: dict | None = None,
                    device_map: Any = None, max_memory: Any = None, dtype: str = "auto",
                    trust_remote_code: bool = False, params_json: str | None = None,
-                   allow_pickle: bool = False, headers_only: bool = False) -> Target:
+                   allow_pickle: bool = False, headers_only: bool = False, data: str | None = None) -> Target:
     """Resolve the user's arguments into a Target; every unusable input raises UsageError (exit 2).
 
     `headers_only`: the caller reads files and headers alone (the census); the set-up and the architecture are not
@@ -153,6 +155,9 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
     if gpus > MAX_GPUS_PER_PROCESS:
         raise UsageError(f"--gpus {gpus}: one training process sees the GPUs of one node (at most "
                          f"{MAX_GPUS_PER_PROCESS}); for more, diagnose one node and launch with torchrun")
+    if data and not Path(data).expanduser().exists():
+        raise UsageError(f"--data {data} does not exist; pass a JSONL file or a folder saved with "
+                         "datasets.save_to_disk")
     folder = resolve_local(checkpoint, what="checkpoint")
     adapter_dir = None
     recorded = None
@@ -208,4 +213,4 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                   params=params or {}, device_map=parse_device_map(device_map),
                   max_memory=parse_max_memory(max_memory), dtype=dtype or "auto",
                   trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, adapter_arg=adapter or None,
-                  base_arg=base or None)
+                  base_arg=base or None, data=str(Path(data).expanduser()) if data else None)

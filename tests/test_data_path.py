@@ -1,0 +1,228 @@
+"""Notebook 07, the data path: the demo's healthy chat data, and each defect planted the way users plant it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.demo.chat_data import chat_rows, write_chat_data
+from workbench.errors import UsageError
+from workbench.model.target import resolve_target
+from workbench.notebook import NOTEBOOK_PARAMETERS
+from workbench.probes.data.batches import data_path_probe
+from workbench.probes.data.sources import open_source
+from workbench.probes.data.stats import data_statistics_probe
+from workbench.probes.data.template import template_probe
+from workbench.probes.data.token_view import token_view_probe
+
+STEPS = ("data_path", "data_stats", "data_template", "token_view")
+
+
+def diagnose_data(checkpoint, data=None, **options):
+    """The four steps as notebook 07 runs them: {check: finding}, and the token view's HTML."""
+    target = resolve_target(str(checkpoint), data=str(data) if data else None, **options)
+    params = target.params
+    path = data_path_probe(target, samples=params.get("data_samples"), max_length=params.get("max_length"))
+    stats = data_statistics_probe(path)
+    findings = stats.findings() + template_probe(path, stats).findings()
+    return {f.id: f for f in findings}, token_view_probe(path, stats)._repr_html_()
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory):
+    return write_chat_data(tmp_path_factory.mktemp("data") / "chat.jsonl", rows=40)
+
+
+def test_the_demo_chat_data_is_healthy(demo, chat_data):
+    found, view = diagnose_data(demo.llama, chat_data)
+    verdicts = {k: f.verdict for k, f in found.items()}
+    # messages rows without assistant-only loss: trl trains the whole sequence, prompts included by design
+    assert verdicts == {"data.labels": "info", "data.eos": "pass", "data.truncation": "pass",
+                        "data.template": "pass"}, {k: f.detail for k, f in found.items()}
+    assert found["data.labels"].evidence["rows_batched"] == 40
+    assert "no BOS token" in found["data.template"].detail  # the demo tokenizer has none: it cannot double it
+    assert "&lt;|im_end|&gt;" in view and "#c8e6c9" in view and "row 0" in view
+
+
+def test_prompt_completion_rows_saved_with_datasets_are_completion_only(demo, tmp_path):
+    from datasets import Dataset
+
+    rows = [{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in chat_rows(30)]
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    source = open_source(tmp_path / "saved")
+    assert (source.kind, source.format, source.total, source.conversational) == ("saved", "prompt-completion", 30, True)
+    found, view = diagnose_data(demo.llama, tmp_path / "saved")
+    # trl's default for prompt/completion: completion-only loss; the prompt's -100 is by design, not a defect
+    assert found["data.labels"].verdict == "pass", found["data.labels"].detail
+    assert found["data.eos"].verdict == "pass" and found["data.truncation"].verdict == "pass"
+    assert "#e0e0e0" in view  # masked prompt tokens shown grey
+
+
+def test_pad_equal_to_eos_masked_by_the_collator_fails_eos(demo, chat_data):
+    found, view = diagnose_data(demo.llama, chat_data, setup="data_setups:pad_is_eos")
+    eos = found["data.eos"]
+    assert eos.verdict == "fail" and "0 %" in eos.title
+    assert "pad = EOS" in eos.detail and "pad_token_id 2" in eos.detail and "pad token distinct" in eos.fix
+    assert eos.evidence["pad_token_id"] == eos.evidence["eos_token_id"] == 2
+    assert eos.evidence["eos_unsupervised"]["rows"][:3] == [0, 1, 2]  # rows named
+    assert found["data.labels"].evidence["built_by"] == "trainer"
+    assert "the end-of-turn / EOS token is not a supervised label" in view
+
+
+def test_a_response_template_that_never_matches_fails_labels(demo, chat_data):
+    found, view = diagnose_data(demo.llama, chat_data, setup="data_setups:response_template_never_matches")
+    labels = found["data.labels"]
+    assert labels.verdict == "fail" and "40 of 40 rows (100.0 %) every label -100" in labels.detail
+    assert labels.evidence["nothing_supervised"]["rows"][:3] == [0, 1, 2]
+    assert "response template" in labels.fix
+    # the same collator with the template's own assistant header: answers supervised, prompts masked
+    healthy, _ = diagnose_data(demo.llama, chat_data, setup="data_setups:response_template_matches")
+    assert healthy["data.labels"].verdict == "pass" and healthy["data.eos"].verdict == "pass"
+
+
+def test_max_length_shorter_than_the_answers_fails_truncation(demo, chat_data, tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("max_length: 24\n")
+    from workbench.params import load_params
+
+    found, view = diagnose_data(demo.llama, chat_data, params=load_params(params))
+    trunc = found["data.truncation"]
+    assert trunc.verdict == "fail" and "max_length 24" in trunc.title
+    evidence = trunc.evidence
+    assert evidence["truncated"]["count"] == 40 and evidence["lengths"]["max"] > 24
+    assert evidence["answer_lost"]["count"] + evidence["answer_cut"]["count"] == 40
+    assert evidence["answer_lost"]["rows"][0] == 0  # row 0 has a system turn: its answer starts past 24 tokens
+    assert found["data.eos"].verdict == "skip"  # nothing reaches a batch whole: no EOS to judge
+    assert "data:image/png;base64" in diagnose_stats_html(demo, chat_data, 24)
+    # completion-only loss: rows whose answer is cut away entirely have nothing supervised, and trl drops them
+    completion = tmp_path / "pc.jsonl"
+    completion.write_text("".join(json.dumps({"prompt": r["messages"][:-1], "completion": r["messages"][-1:]}) + "\n"
+                                  for r in chat_rows(40)))
+    found, _ = diagnose_data(demo.llama, completion, params={"max_length": 24})
+    assert found["data.truncation"].verdict == "fail" and "trl drops the" in found["data.truncation"].detail
+    assert found["data.truncation"].evidence["dropped_by_truncation"] > 0
+
+
+def diagnose_stats_html(demo, data, max_length):
+    target = resolve_target(str(demo.llama), data=str(data))
+    return data_statistics_probe(data_path_probe(target, max_length=max_length))._repr_html_()
+
+
+def test_a_template_that_doubles_bos_fails_template(demo, copy_of, tmp_path):
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from workbench.demo.build import CHAT_TEMPLATE
+
+    ckpt = copy_of(demo.llama, "llama-bos")
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    tokenizer.add_special_tokens({"bos_token": "<s>"})
+    tokenizer._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[
+        ("<s>", tokenizer.bos_token_id)])
+    tokenizer.chat_template = "{{ bos_token }}" + CHAT_TEMPLATE
+    tokenizer.save_pretrained(ckpt)
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    assert tokenizer("hi")["input_ids"][0] == tokenizer.bos_token_id  # the tokenizer adds BOS itself
+    # the rows stored already rendered, as many scripts do: render (template BOS) then encode (tokenizer BOS)
+    data = tmp_path / "rendered.jsonl"
+    data.write_text("".join(json.dumps({"text": tokenizer.apply_chat_template(r["messages"], tokenize=False)}) + "\n"
+                            for r in chat_rows(12)))
+    found, view = diagnose_data(ckpt, data)
+    template = found["data.template"]
+    assert template.verdict == "fail" and "12 batched row(s)" in template.title, template.detail
+    assert "<s> twice" in template.detail and "add_special_tokens=False" in template.fix
+    # the same tokenizer with messages rows: trl tokenizes inside apply_chat_template (one BOS); rendering then
+    # encoding would double it: a warn, not a fail
+    messages = write_chat_data(tmp_path / "messages.jsonl", rows=12)
+    found, _ = diagnose_data(ckpt, messages)
+    assert found["data.template"].verdict == "warn" and "render-then-encode" in found["data.template"].detail
+
+
+def test_special_tokens_in_the_raw_text_warn(demo, tmp_path):
+    rows = list(chat_rows(10))
+    rows[3]["messages"][-1]["content"] += " <|im_end|> and more"
+    data = tmp_path / "special.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found, _ = diagnose_data(demo.llama, data)
+    assert found["data.template"].verdict == "warn" and found["data.template"].evidence[
+        "special_tokens_in_text"]["rows"] == [3]
+
+
+def test_without_data_every_check_says_skip_and_how_to_give_it(demo):
+    found, view = diagnose_data(demo.llama)
+    assert {k: f.verdict for k, f in found.items()} == dict.fromkeys(
+        ("data.labels", "data.eos", "data.truncation", "data.template"), "skip")
+    assert all("--data FILE" in f.detail for f in found.values()) and "--data FILE" in view
+
+
+def test_data_samples_caps_the_rows_read(demo, chat_data):
+    found, _ = diagnose_data(demo.llama, chat_data, params={"data_samples": 7})
+    assert found["data.labels"].evidence["rows_read"] == 7
+
+
+def test_data_is_a_target_option_that_round_trips(demo, chat_data):
+    target = resolve_target(str(demo.llama), data=str(chat_data))
+    assert "data" in NOTEBOOK_PARAMETERS and resolve_target(**target.options()) == target
+    with pytest.raises(UsageError, match="does not exist"):
+        resolve_target(str(demo.llama), data=str(chat_data) + ".missing")
+
+
+def test_unreadable_rows_are_named(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "x"}\n')
+    with pytest.raises(UsageError, match="none of the formats"):
+        open_source(bad)
+
+
+def test_the_panel_runs_the_data_path(demo, chat_data):
+    from workbench.interactive.panel import GROUPS, PanelSession
+
+    assert "Data path" in GROUPS  # ticked by default: without data it only says skip
+    session = PanelSession()
+    target = session.validate(str(demo.llama), data=str(chat_data))
+    findings = {f.id: f.verdict for f in session.run(target, {"Data path"})}
+    assert findings == {"data.labels": "info", "data.eos": "pass", "data.truncation": "pass", "data.template": "pass"}
+    html = "".join(r._repr_html_() for r in session.results["Data path"])
+    assert "#c8e6c9" in html and "max_length" in html
+
+
+def test_a_real_sft_trainer_is_the_source_of_truth(demo, tmp_path):
+    data = tmp_path / "pc.jsonl"
+    data.write_text("".join(json.dumps({"prompt": r["messages"][:-1], "completion": r["messages"][-1:]}) + "\n"
+                            for r in chat_rows(24)))
+    found, view = diagnose_data(demo.llama, data, setup="data_setups:sft_trainer")
+    labels = found["data.labels"]
+    assert labels.evidence["built_by"] == "trainer" and "SFTTrainer" in labels.evidence["masking"]
+    assert labels.verdict == "pass" and labels.evidence["rows_read"] == 24, labels.detail  # prompts masked by design
+    assert found["data.eos"].verdict == "pass"
+    assert found["data.truncation"].evidence["max_length"] == 48  # the Trainer's own args.max_length
+
+
+def test_a_setup_may_return_its_trainer_to_every_notebook(demo, chat_data):
+    from workbench.model.setups import prepare_model
+
+    pc = chat_data.with_name("pc-prepare.jsonl")
+    pc.write_text("".join(json.dumps({"prompt": r["messages"][:-1], "completion": r["messages"][-1:]}) + "\n"
+                          for r in chat_rows(8)))
+    prepared = prepare_model(resolve_target(str(demo.llama), setup="data_setups:sft_trainer", data=str(pc)))
+    assert type(prepared.trainer).__name__ == "SFTTrainer" and prepared.model is prepared.trainer.model
+    assert "SFTTrainer your set-up returned" in prepared.description
+
+
+def test_pre_tokenized_rows_with_their_own_labels(demo, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo.llama)
+    rows = []
+    for r in chat_rows(6):
+        ids = list(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"])
+        rows.append({"input_ids": ids, "labels": [-100] * len(ids)})  # a script that masked everything
+    data = tmp_path / "tokenized.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert open_source(data).format == "tokenized"
+    found, _ = diagnose_data(demo.llama, data)
+    # trl keeps a labels column as is; with max_length set it drops the rows that supervise nothing: all of them
+    labels = found["data.labels"]
+    assert labels.verdict == "fail" and labels.evidence["dropped_unsupervised"]["count"] == 6, labels.detail
+    assert "6 of 6 rows (100.0 %) nothing to supervise: trl drops the row" in labels.detail

@@ -1,0 +1,1 @@
+"""data: the data path (notebook 07): sources, batches, statistics, template, token view"""

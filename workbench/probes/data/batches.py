@@ -1,0 +1,371 @@
+"""The batches the training run sees, row by row: built by your Trainer, or by trl's own SFT preparation.
+
+    path = data_path_probe(target, samples=None, max_length=None)
+    for row in path.rows(): row.ids, row.labels     # as the collator hands them to the model, padding removed
+
+Two sources of truth, never a re-implementation of the masking:
+- the set-up returned a `transformers.Trainer` / trl `SFTTrainer`: its `train_dataset`, `data_collator` and
+  `get_train_dataloader()` (with a sequential sampler, so rows keep their order and can be named);
+- otherwise trl's `SFTTrainer._prepare_dataset` (ChatML conversion, EOS, tokenization, labels from the
+  completion / assistant masks) run lazily over the streamed rows with the checkpoint's tokenizer and template,
+  then trl's `DataCollatorForLanguageModeling`. Preparation runs with `max_length=None` so that each row's full
+  length is known; the cut trl makes (`truncation_mode`'s slice) and the rows trl then drops (nothing left to
+  supervise) are applied here on the prepared ids, exactly as `_prepare_dataset` states them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import Any, Iterator
+
+from workbench.report.text import TextRepr
+
+IGNORE = -100
+TEMPLATE_PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+
+
+@dataclasses.dataclass
+class Row:
+    index: int  # position in the source (trl path) or in the Trainer's train_dataset
+    ids: list[int]  # as batched (truncated), padding removed
+    labels: list[int] | None  # as batched; None: trl drops the row (nothing supervised after truncation)
+    full_length: int  # before truncation
+    window: tuple[int, int]  # the slice of the full row that was kept
+    answer_start: int | None  # in full-row coordinates; None: no answer located (text rows)
+    raw: dict[str, Any] | None = None  # the source row's text fields, where available
+    full_supervised: int | None = None  # supervised tokens before truncation (trl path, dropped rows)
+    prompt_end: int | None = None  # where the first answer starts (multi-turn: earlier answers are not prompt)
+
+    @property
+    def cut(self) -> bool:
+        """Cut by max_length. A Trainer's rows come truncated: one at max_length counts as cut (it may fit exactly)."""
+        lo, hi = self.window
+        return hi - lo < self.full_length or self.at_limit
+
+    at_limit: bool = False
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def chat_ids(tokenizer, messages, **kwargs) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
+    return list(out["input_ids"])
+
+
+def special_ids(tokenizer) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for token_id, token in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items():
+        if getattr(token, "special", False):
+            ids.add(int(token_id))
+    return ids
+
+
+def template_markers(tokenizer) -> tuple[list[int] | None, set[int]]:
+    """(the token ids that open an assistant turn, the ids that end one) for the tokenizer's chat template."""
+    stops = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    if not getattr(tokenizer, "chat_template", None):
+        return None, stops
+    try:
+        with_prompt = chat_ids(tokenizer, TEMPLATE_PROBE[:1], add_generation_prompt=True)
+        without = chat_ids(tokenizer, TEMPLATE_PROBE[:1])
+        marker = with_prompt[common_prefix_length(with_prompt, without):] or None
+        full = chat_ids(tokenizer, TEMPLATE_PROBE)
+        start = find_last(full, marker) if marker else None
+        specials = special_ids(tokenizer)
+        if start is not None:
+            after = [t for t in full[start + len(marker):] if t in specials]
+            if after:
+                stops.add(after[0])  # the template's end-of-turn token
+    except Exception:  # noqa: BLE001 - a template that cannot render this probe: no marker, EOS alone
+        return None, stops
+    return marker, stops
+
+
+def answer_start(ids: list[int], marker: list[int] | None) -> int | None:
+    """Where the last assistant turn's content starts: after the last assistant marker (None: no marker)."""
+    at = find_last(ids, marker)
+    return None if at is None else at + len(marker)
+
+
+def find_first(ids: list[int], marker: list[int] | None) -> int | None:
+    if not marker:
+        return None
+    m, first = len(marker), marker[0]
+    for i in range(len(ids) - m + 1):
+        if ids[i] == first and ids[i:i + m] == marker:
+            return i
+    return None
+
+
+def find_last(ids: list[int], marker: list[int] | None) -> int | None:
+    if not marker:
+        return None
+    m, first = len(marker), marker[0]
+    for i in range(len(ids) - m, -1, -1):
+        if ids[i] == first and ids[i:i + m] == marker:
+            return i
+    return None
+
+
+@dataclasses.dataclass(repr=False)
+class DataPath(TextRepr):
+    """How the batches are built, and a fresh row stream each time `rows()` is called."""
+
+    source: Any  # DataSource, or None without --data
+    how: str  # "trainer" | "trl" | "none"
+    tokenizer: Any = None
+    max_length: int | None = None
+    truncation_mode: str = "keep_start"
+    completion_only_loss: bool | None = None
+    assistant_only_loss: bool = False
+    samples: int | None = None
+    trainer: Any = None
+    batch_size: int = 8
+    marker: list[int] | None = None
+    stop_ids: frozenset[int] = frozenset()
+    notes: list[str] = dataclasses.field(default_factory=list)
+    trainer_rows: int | None = None  # len(train_dataset), when it has one
+    collator_name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.trainer is not None:
+            dataset = self.trainer.train_dataset
+            self.trainer_rows = len(dataset) if hasattr(dataset, "__len__") else None
+            self.collator_name = f"your {type(self.trainer).__name__}'s collator ({type(self.trainer.data_collator).__name__})"
+
+    def release(self) -> None:
+        """Drop the Trainer (and the model it holds) once its rows have been read."""
+        self.trainer = None
+
+    @property
+    def total(self) -> int | None:
+        if self.how == "trainer":
+            n = self.trainer_rows
+            return min(n, self.samples) if (n is not None and self.samples) else n
+        return self.source.count(self.samples) if self.source is not None else 0
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return getattr(self.tokenizer, "pad_token_id", None)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return getattr(self.tokenizer, "eos_token_id", None)
+
+    @property
+    def masking(self) -> str:
+        if self.how == "trainer":
+            return self.collator_name
+        if self.assistant_only_loss:
+            return "assistant-only loss (trl's assistant masks)"
+        if self.completion_only_loss:
+            return "completion-only loss (trl's completion mask)"
+        return "the whole sequence (trl's language modeling)"
+
+    @property
+    def meant_answer_only(self) -> bool | None:
+        """Whether the run means to supervise only the answer (None: your Trainer's collator decides)."""
+        if self.how == "trainer":
+            return None
+        return bool(self.assistant_only_loss or self.completion_only_loss)
+
+    def window(self, length: int) -> tuple[int, int]:
+        if self.max_length is None or length <= self.max_length:
+            return 0, length
+        if self.truncation_mode == "keep_end":
+            return length - self.max_length, length
+        return 0, self.max_length
+
+    def rows(self) -> Iterator[Row]:
+        if self.how == "trainer":
+            return self._trainer_rows()
+        if self.how == "trl":
+            return self._trl_rows()
+        return iter(())
+
+    # -- the user's Trainer -------------------------------------------------------------------------------------
+    def _trainer_rows(self) -> Iterator[Row]:
+        from torch.utils.data import SequentialSampler
+
+        trainer = self.trainer
+        if trainer is None:
+            raise RuntimeError("the Trainer was released after the statistics read its rows; run data_path again")
+        trainer._get_train_sampler = lambda *a, **k: SequentialSampler(trainer.train_dataset)
+        try:
+            loader = trainer.get_train_dataloader()
+        finally:
+            del trainer._get_train_sampler
+        index = 0
+        for batch in loader:
+            if "labels" not in batch:
+                raise ValueError(f"your {type(trainer).__name__}'s batches carry no labels (keys: {sorted(batch)}): "
+                                 "the model computes no loss from them; give the collator labels")
+            ids, labels = batch["input_ids"].tolist(), batch["labels"].tolist()
+            mask = batch["attention_mask"].tolist() if "attention_mask" in batch else None
+            for i in range(len(ids)):
+                keep = [j for j, m in enumerate(mask[i]) if m] if mask is not None else range(len(ids[i]))
+                row_ids = [ids[i][j] for j in keep]
+                row_labels = [labels[i][j] for j in keep]
+                yield Row(index, row_ids, row_labels, len(row_ids), (0, len(row_ids)),
+                          answer_start(row_ids, self.marker),
+                          at_limit=self.max_length is not None and len(row_ids) >= self.max_length)
+                index += 1
+                if self.samples and index >= self.samples:
+                    return
+
+    # -- trl's preparation --------------------------------------------------------------------------------------
+    def _trl_rows(self) -> Iterator[Row]:
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+        prepared = self._trl_prepared()
+        collator = DataCollatorForLanguageModeling(pad_token_id=self.pad_token_id if self.pad_token_id is not None
+                                                   else self.eos_token_id)
+        pending: list[Row] = []
+        for example in prepared:
+            ids, labels = example["input_ids"], example["labels"]
+            lo, hi = self.window(len(ids))
+            kept_labels = labels[lo:hi]
+            row = Row(example["_workbench_row"], ids[lo:hi], kept_labels, len(ids), (lo, hi),
+                      self._answer_start(example, ids), _raw_fields(example))
+            if self.meant_answer_only and "messages" in example:
+                first = find_first(ids, self.marker)
+                row.prompt_end = None if first is None else first + len(self.marker)
+            if self.max_length is not None and all(label == IGNORE for label in kept_labels):
+                row.labels = None  # trl's filter drops it: it never reaches a batch
+                row.full_supervised = sum(1 for label in labels if label != IGNORE)
+                yield row
+                continue
+            pending.append(row)
+            if len(pending) == self.batch_size:
+                yield from self._collate(collator, pending)
+                pending = []
+        if pending:
+            yield from self._collate(collator, pending)
+
+    @staticmethod
+    def _collate(collator, rows: list[Row]) -> Iterator[Row]:
+        batch = collator([{"input_ids": r.ids, "labels": r.labels} for r in rows])
+        labels, mask = batch["labels"].tolist(), batch["attention_mask"].tolist()
+        for r, row_labels, row_mask in zip(rows, labels, mask):
+            r.labels = [label for label, m in zip(row_labels, row_mask) if m]
+            yield r
+
+    def _answer_start(self, example: dict[str, Any], ids: list[int]) -> int | None:
+        if "messages" in example or isinstance(example.get("prompt"), list):
+            return answer_start(ids, self.marker)
+        if "completion_mask" in example:
+            return example["completion_mask"].index(1) if 1 in example["completion_mask"] else len(ids)
+        if isinstance(example.get("prompt"), str):
+            return common_prefix_length(self.tokenizer(example["prompt"])["input_ids"], ids)
+        return None
+
+    def _trl_prepared(self):
+        from trl import SFTConfig
+        from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+        from trl.trainer.sft_trainer import SFTTrainer
+
+        dataset = self.source.iterable(self.samples).map(lambda _, i: {"_workbench_row": i}, with_indices=True)
+        with tempfile.TemporaryDirectory(prefix="workbench-data-") as out:
+            args = SFTConfig(output_dir=out, report_to=[], use_cpu=True, bf16=False, max_length=None,
+                             completion_only_loss=self.completion_only_loss,
+                             assistant_only_loss=self.assistant_only_loss, dataset_kwargs={})
+        # what SFTTrainer.__init__ sets before it prepares the dataset (the three attributes _prepare_dataset reads)
+        state = _TrlState()
+        state._tokenizer = self.tokenizer
+        state.chat_template = (get_training_chat_template(self.tokenizer) if self.assistant_only_loss and not
+                               has_generation_markers(self.tokenizer.chat_template) else None)
+        state.completion_only_loss = bool(self.completion_only_loss)
+        return SFTTrainer._prepare_dataset(state, dataset, self.tokenizer, args, False, None, "train")
+
+    def _repr_html_(self) -> str:
+        from workbench.report.html import esc
+
+        if self.how == "none":
+            return ("<p>No training data given: pass <code>--data FILE</code> (<code>make diagnose DATA=FILE</code>, "
+                    "or <code>data = \"FILE\"</code> in this notebook's parameters).</p>")
+        built = ("your set-up's Trainer: its train_dataset, data_collator and get_train_dataloader() (sequential)"
+                 if self.how == "trainer" else "trl's SFT preparation and collator, with the checkpoint's tokenizer")
+        items = [f"Data: <code>{esc(self.source.describe() if self.source else '(the Trainer’s own)')}</code>",
+                 f"Batches built by {esc(built)}", f"Loss on {esc(self.masking)}",
+                 f"max_length: {self.max_length if self.max_length is not None else 'none'} "
+                 f"({esc(self.truncation_mode)}); rows read: {self.total if self.total is not None else 'all'}",
+                 f"pad id {self.pad_token_id}, EOS id {self.eos_token_id}, end-of-turn ids {sorted(self.stop_ids)}"]
+        items += [esc(n) for n in self.notes]
+        return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>"
+
+
+class _TrlState:
+    """Stands in for the SFTTrainer instance whose `_prepare_dataset` is called (no model is needed for it)."""
+
+
+def _raw_fields(example: dict[str, Any]) -> dict[str, Any]:
+    return {k: example[k] for k in ("messages", "prompt", "completion", "text") if k in example}
+
+
+def data_path_probe(target, samples: int | None = None, max_length: int | None = None) -> DataPath:
+    """How the run builds its batches from --data (nothing is read yet: the statistics stream it)."""
+    from workbench.model.loading import load_processor
+    from workbench.model.setups import BUILTIN_SETUPS, prepare_model
+    from workbench.probes.data.sources import open_source
+
+    data = getattr(target, "data", None)
+    if not data:
+        return DataPath(None, "none")
+    source = open_source(data)
+    params = target.params or {}
+    notes: list[str] = []
+    trainer = None
+    if target.setup not in BUILTIN_SETUPS:  # only a user's set-up can hand back its Trainer
+        prepared = prepare_model(target)
+        trainer, processor = prepared.trainer, prepared.processor
+    else:
+        processor = load_processor(target.model_dir)
+    if trainer is not None:  # the tokenizer the run pads with: the Trainer's, else its collator's
+        collator = trainer.data_collator
+        processor = (getattr(trainer, "processing_class", None) or getattr(collator, "tokenizer", None)
+                     or getattr(collator, "processor", None) or processor)
+    tokenizer = getattr(processor, "tokenizer", processor)
+    if tokenizer is None:
+        raise ValueError(f"no tokenizer saved in {target.model_dir}: the data path needs the run's tokenizer")
+    marker, stops = template_markers(tokenizer)
+    if trainer is not None:
+        args = trainer.args
+        limit = getattr(args, "max_length", None)  # the Trainer's own (trl's SFTConfig), else the parameter
+        limit = max_length if limit is None else limit
+        path = DataPath(source, "trainer", tokenizer, limit, getattr(args, "truncation_mode", "keep_start"),
+                        trainer=trainer, samples=samples, batch_size=args.per_device_train_batch_size,
+                        marker=marker, stop_ids=frozenset(stops), notes=notes)
+        n = path.total
+        if n is not None and n != source.count(samples):
+            notes.append(f"the Trainer's train_dataset holds {n:,} rows for {source.count(samples):,} in --data "
+                         "(rows are named by their position in train_dataset)")
+        return path
+    if max_length is None:
+        from trl import SFTConfig
+
+        max_length = SFTConfig.__dataclass_fields__["max_length"].default
+        notes.append(f"max_length {max_length}: trl's SFTConfig default (set max_length in --params to yours)")
+    return DataPath(source, "trl", tokenizer, max_length, "keep_start",
+                    # trl's default: completion-only for prompt/completion rows (SFTTrainer.__init__)
+                    completion_only_loss=(params["completion_only_loss"] if params.get("completion_only_loss")
+                                          is not None else source.format == "prompt-completion"),
+                    assistant_only_loss=bool(params.get("assistant_only_loss", False)), samples=samples,
+                    batch_size=int(params.get("per_device_train_batch_size", 8)), marker=marker,
+                    stop_ids=frozenset(stops), notes=notes)
+
+
+def batch_progress(total: int | None, desc: str):
+    """A progress bar over rows (tqdm; in batch runs it prints sparsely)."""
+    from tqdm.auto import tqdm
+
+    batch = bool(os.environ.get("WORKBENCH_BATCH"))
+    return tqdm(total=total, desc=desc, unit="row", mininterval=10 if batch else 0.2, leave=True)

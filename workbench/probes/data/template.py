@@ -1,0 +1,124 @@
+"""`data.template`: BOS doubled, render-then-encode against apply_chat_template(tokenize=True), special tokens in
+the raw text.
+
+A chat template that renders `{{ bos_token }}` composes badly with a tokenizer that adds BOS itself: render the
+text (`tokenize=False`), encode it (`tokenizer(text)`) and the row starts with BOS twice (transformers #37686).
+trl's own path for `messages` rows tokenizes inside apply_chat_template and is safe; rows stored already rendered
+(`text`) and scripts that render then encode are not. The whole-dataset pass counts the batched rows that start
+with BOS twice (a `fail`: the run trains on it); here the two encodings are compared on the first conversational
+rows (a `warn`: a trap for any code that renders then encodes, inference included), and the raw text is read for
+special tokens written into it (a user message holding `<|im_end|>` ends the turn early).
+A tokenizer with no BOS at all cannot double it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from workbench.findings import Finding
+from workbench.probes.data.stats import DataStatistics, Skipped, _has_special
+from workbench.report.text import TextRepr
+
+COMPARED_ROWS = 64  # conversational rows whose two encodings are compared
+SCANNED_ROWS = 100_000  # raw rows scanned for special tokens when the batches do not carry the text
+
+
+@dataclasses.dataclass(repr=False)
+class TemplateResult(TextRepr):
+    stats: DataStatistics
+    bos: str | None
+    compared: int = 0
+    differing: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # {row, first_difference, …}
+    doubled_by_encode: int = 0
+    special_rows: list[int] = dataclasses.field(default_factory=list)
+    special_count: int = 0
+    scanned: int = 0
+
+    def findings(self) -> list[Finding]:
+        return [self.finding()]
+
+    def finding(self) -> Finding:
+        doubled = self.stats.categories["doubled_bos"]
+        special = self.stats.categories["special_in_text"]
+        special_count = special.count + self.special_count
+        special_rows = (special.rows + self.special_rows)[:20]
+        evidence = {"bos_token": self.bos, "batched_rows_with_bos_twice": {"count": doubled.count,
+                                                                           "rows": doubled.rows},
+                    "compared_rows": self.compared, "render_then_encode_differs": self.differing[:10],
+                    "special_tokens_in_text": {"count": special_count, "rows": special_rows},
+                    "special_tokens": list(self.stats.special_strings)}
+        if doubled.count:
+            return Finding("data.template", "fail", f"BOS doubled in {doubled.count:,} batched row(s)",
+                           f"{doubled.count:,} of {self.stats.rows:,} rows start with {self.bos} twice: rows "
+                           f"{doubled.named()}. The rows were rendered with the template's BOS and the tokenizer "
+                           "added its own when encoding them (transformers #37686).", evidence,
+                           "Store messages and let apply_chat_template(tokenize=True) tokenize them, or encode "
+                           "rendered text with add_special_tokens=False (or drop {{ bos_token }} from the text).")
+        problems = []
+        if self.differing:
+            what = ("the tokenizer adds BOS to a text whose template already starts with it"
+                    if self.doubled_by_encode else "the ids differ")
+            problems.append(f"render-then-encode (apply_chat_template(tokenize=False), then tokenizer(text)) "
+                            f"differs from apply_chat_template(tokenize=True) in {len(self.differing)} of "
+                            f"{self.compared} rows: {what} (first at row {self.differing[0]['row']}, position "
+                            f"{self.differing[0]['position']})")
+        if special_count:
+            problems.append(f"{special_count:,} row(s) write a special token ({', '.join(self.stats.special_strings)})"
+                            f" into their raw text: rows {', '.join(map(str, special_rows))}")
+        if problems:
+            return Finding("data.template", "warn", "Template and tokenizer disagree on some rows"
+                           if self.differing else "Special tokens in the raw text", "; ".join(problems) + ".",
+                           evidence, "Your batches are not affected where trl tokenizes messages itself; any code "
+                           "that renders then encodes (inference included) must pass add_special_tokens=False. "
+                           "Strip or escape special-token strings from the data's text.")
+        no_bos = "The tokenizer has no BOS token: nothing to double. " if self.bos is None else ""
+        compared = (f"render-then-encode equals apply_chat_template(tokenize=True) on {self.compared} rows"
+                    if self.compared else "no conversational row to render (nothing to compare)")
+        return Finding("data.template", "pass", "Template, tokenizer and text agree",
+                       f"{no_bos}No batched row starts with BOS twice; {compared}; no special token in the text.",
+                       evidence)
+
+    def _repr_html_(self) -> str:
+        from workbench.report.html import esc, findings_table
+
+        rows = "".join(f"<tr><td>{d['row']}</td><td>{d['position']}</td><td><code>{esc(str(d['template']))}</code>"
+                       f"</td><td><code>{esc(str(d['encoded']))}</code></td></tr>" for d in self.differing[:5])
+        table = ("<table class='wb-table'><tr><th>row</th><th>first differing position</th>"
+                 "<th>apply_chat_template(tokenize=True)</th><th>tokenizer(rendered text)</th></tr>"
+                 f"{rows}</table>" if rows else "")
+        return findings_table(self.findings()) + table
+
+
+def template_probe(path, stats):
+    """Template checks on the first conversational rows, plus the whole-dataset counts of the statistics."""
+    if isinstance(stats, Skipped) or path.how == "none":
+        return Skipped(("data.template",))
+    from workbench.probes.data.batches import common_prefix_length
+
+    tokenizer = path.tokenizer
+    result = TemplateResult(stats, getattr(tokenizer, "bos_token", None))
+    source = path.source
+    if source is not None and source.conversational and getattr(tokenizer, "chat_template", None):
+        for index, row in enumerate(source.rows(COMPARED_ROWS)):
+            messages = row.get("messages") or (row["prompt"] + row["completion"])
+            rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+            template_ids = list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+            encoded = list(tokenizer(rendered)["input_ids"])
+            result.compared += 1
+            if template_ids != encoded:
+                at = common_prefix_length(template_ids, encoded)
+                bos = tokenizer.bos_token_id
+                if bos is not None and encoded[:2] == [bos, bos]:
+                    result.doubled_by_encode += 1
+                result.differing.append({"row": index, "position": at,
+                                         "template": tokenizer.convert_ids_to_tokens(template_ids[at:at + 4]),
+                                         "encoded": tokenizer.convert_ids_to_tokens(encoded[at:at + 4])})
+    if path.how == "trainer" and source is not None and stats.special_strings:
+        for index, row in enumerate(source.rows(min(path.samples or SCANNED_ROWS, SCANNED_ROWS))):
+            result.scanned += 1
+            if _has_special(row, stats.special_strings):
+                result.special_count += 1
+                if len(result.special_rows) < 20:
+                    result.special_rows.append(index)
+    return result
