@@ -286,21 +286,22 @@ class DataPath(TextRepr):
         state.completion_only_loss = bool(self.completion_only_loss)
         return SFTTrainer._prepare_dataset(state, dataset, self.tokenizer, args, False, None, "train")
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc
+    def display(self):
+        from workbench.report.display import Bullets, Code, Display, Inline, Paragraph
 
         if self.how == "none":
-            return ("<p>No training data given: pass <code>--data FILE</code> (<code>make diagnose DATA=FILE</code>, "
-                    "or <code>data = \"FILE\"</code> in this notebook's parameters).</p>")
+            return Display(Paragraph("No training data given: pass ", Code("--data FILE"), " (",
+                                     Code("make diagnose DATA=FILE"), ", or ", Code('data = "FILE"'),
+                                     " in this notebook's parameters)."))
         built = ("your set-up's Trainer: its train_dataset, data_collator and get_train_dataloader() (sequential)"
                  if self.how == "trainer" else "trl's SFT preparation and collator, with the checkpoint's tokenizer")
-        items = [f"Data: <code>{esc(self.source.describe() if self.source else '(the Trainer’s own)')}</code>",
-                 f"Batches built by {esc(built)}", f"Loss on {esc(self.masking)}",
+        items = [Inline("Data: ", Code(self.source.describe() if self.source else "(the Trainer’s own)")),
+                 f"Batches built by {built}", f"Loss on {self.masking}",
                  f"max_length: {self.max_length if self.max_length is not None else 'none'} "
-                 f"({esc(self.truncation_mode)}); rows read: {self.total if self.total is not None else 'all'}",
-                 f"pad id {self.pad_token_id}, EOS id {self.eos_token_id}, end-of-turn ids {sorted(self.stop_ids)}"]
-        items += [esc(n) for n in self.notes]
-        return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>"
+                 f"({self.truncation_mode}); rows read: {self.total if self.total is not None else 'all'}",
+                 f"pad id {self.pad_token_id}, EOS id {self.eos_token_id}, end-of-turn ids {sorted(self.stop_ids)}",
+                 *self.notes]
+        return Display(Bullets(items))
 
 
 class _TrlState:

@@ -274,16 +274,13 @@ class DataStatistics(TextRepr):
                 "max": ordered[-1][0], "mean": round(sum(k * n for k, n in ordered) / total, 1)}
 
     # -- display ----------------------------------------------------------------------------------------------
-    def length_plot(self) -> str:
+    def draw_lengths(self):
+        """The length distribution against max_length (a matplotlib figure)."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from workbench.report.html import figure_html
-
-        if not self.lengths:
-            return ""
         fig, ax = plt.subplots(figsize=(6.5, 2.6))
         values, weights = zip(*sorted(self.lengths.items()))
         ax.hist(values, bins=min(60, max(10, len(values))), weights=weights, color="#5c6bc0")
@@ -293,20 +290,20 @@ class DataStatistics(TextRepr):
         ax.set_xlabel("tokens per row (before truncation)")
         ax.set_ylabel("rows")
         fig.tight_layout()
-        return figure_html(fig)
+        return fig
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, findings_table
+    def display(self):
+        from workbench.report.display import Cell, Display, Paragraph, Table
+        from workbench.report.html import figure, findings_block
 
-        rows = "".join(f"<tr><td>{esc(CATEGORIES[n])}</td><td style='text-align:right'>{c.count:,}</td>"
-                       f"<td>{esc(c.named())}</td></tr>" for n, c in self.categories.items() if c.count)
-        table = (f"<table class='wb-table'><tr><th>rows that…</th><th>count</th><th>rows</th></tr>{rows}</table>"
-                 if rows else "<p>No row falls in any defect category.</p>")
-        summary = self.length_summary()
-        lengths = ", ".join(f"{k} {v}" for k, v in summary.items())
-        return (findings_table(self.findings())
-                + f"<p>{self.rows:,} rows read, {self.batched:,} in batches; tokens per row: {esc(lengths)}</p>"
-                + table + self.length_plot())
+        rows = [[CATEGORIES[n], Cell(f"{c.count:,}", align="right"), c.named()]
+                for n, c in self.categories.items() if c.count]
+        lengths = ", ".join(f"{k} {v}" for k, v in self.length_summary().items())
+        return Display(
+            findings_block(self.findings()),
+            Paragraph(f"{self.rows:,} rows read, {self.batched:,} in batches; tokens per row: {lengths}"),
+            Table(["rows that…", "count", "rows"], rows) if rows else Paragraph("No row falls in any defect category."),
+            figure(self.draw_lengths, "tokens per row against max_length") if self.lengths else None)
 
 
 def _first_answer(row: Row, lo: int) -> int:
@@ -358,7 +355,7 @@ class Skipped(TextRepr):
     def findings(self) -> list[Finding]:
         return [Finding(c, "skip", "No training data given", SKIP_MESSAGE, {}) for c in self.checks]
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc
+    def display(self):
+        from workbench.report.display import Display, Paragraph
 
-        return f"<p>{esc(SKIP_MESSAGE)}.</p>"
+        return Display(Paragraph(f"{SKIP_MESSAGE}."))

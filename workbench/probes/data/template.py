@@ -79,15 +79,15 @@ class TemplateResult(TextRepr):
                        f"{no_bos}No batched row starts with BOS twice; {compared}; no special token in the text.",
                        evidence)
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc, findings_table
+    def display(self):
+        from workbench.report.display import Code, Display, Table
+        from workbench.report.html import findings_block
 
-        rows = "".join(f"<tr><td>{d['row']}</td><td>{d['position']}</td><td><code>{esc(str(d['template']))}</code>"
-                       f"</td><td><code>{esc(str(d['encoded']))}</code></td></tr>" for d in self.differing[:5])
-        table = ("<table class='wb-table'><tr><th>row</th><th>first differing position</th>"
-                 "<th>apply_chat_template(tokenize=True)</th><th>tokenizer(rendered text)</th></tr>"
-                 f"{rows}</table>" if rows else "")
-        return findings_table(self.findings()) + table
+        rows = [[d["row"], d["position"], Code(str(d["template"])), Code(str(d["encoded"]))]
+                for d in self.differing[:5]]
+        return Display(findings_block(self.findings()), Table(
+            ["row", "first differing position", "apply_chat_template(tokenize=True)", "tokenizer(rendered text)"],
+            rows) if rows else None)
 
 
 def template_probe(path, stats):

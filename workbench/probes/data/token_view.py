@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from workbench.probes.data.batches import IGNORE, Row
+from workbench.report.display import Node, esc
 from workbench.report.text import TextRepr
 
 SUPERVISED = "#c8e6c9"  # green
@@ -24,36 +25,63 @@ class TokenView(TextRepr):
     specials: frozenset[int]
     message: str = ""
 
-    def _repr_html_(self) -> str:
-        from workbench.report.html import esc
+    def display(self):
         from workbench.probes.data.stats import CATEGORIES
+        from workbench.report.display import Bold, Display, Paragraph
 
         if not self.rows:
-            return f"<p>{esc(self.message or 'No row to show.')}</p>"
-        legend = (f"<p><span style='background:{SUPERVISED};padding:0 4px'>supervised</span> "
-                  f"<span style='background:{MASKED};padding:0 4px;color:#616161'>masked (-100)</span> "
-                  "<span style='border:1px solid #1565c0;padding:0 3px;font-weight:600'>special token</span>"
-                  " · hover a token for its id and label</p>")
-        blocks = []
+            return Display(Paragraph(self.message or "No row to show."))
+        blocks = [TokenLegend()]
         for why, row in self.rows:
             labels = row.labels or [IGNORE] * len(row.ids)
-            texts = self.tokens[row.index]
-            spans = []
-            for token_id, label, text in list(zip(row.ids, labels, texts))[:MAX_TOKENS]:
-                colour = SUPERVISED if label != IGNORE else MASKED
-                special = token_id in self.specials
-                style = f"background:{colour};" + ("border:1px solid #1565c0;font-weight:600;" if special else "")
-                shown = esc(text).replace("\n", "↵\n") if not special else esc(text)
-                spans.append(f"<span title='id {token_id} · label {label}' style='{style}'>{shown}</span>")
-            more = f" … ({len(row.ids) - MAX_TOKENS} more tokens)" if len(row.ids) > MAX_TOKENS else ""
             caption = "healthy" if why == "healthy" else CATEGORIES.get(why, why)
             dropped = " · trl drops this row (nothing supervised after truncation)" if row.labels is None else ""
             supervised = sum(1 for label in labels if label != IGNORE)
-            blocks.append(f"<div class='wb-token-row'><b>row {row.index}</b> · {esc(caption)} · {len(row.ids)} "
-                          f"tokens (of {row.full_length}), {supervised} supervised{dropped}"
-                          f"<div style='font-family:monospace;white-space:pre-wrap;line-height:1.7;"
-                          f"border:1px solid #ddd;padding:4px'>{''.join(spans)}{esc(more)}</div></div>")
-        return legend + "".join(blocks)
+            blocks.append(Paragraph(Bold(f"row {row.index}"), f" · {caption} · {len(row.ids)} tokens (of "
+                                    f"{row.full_length}), {supervised} supervised{dropped}"))
+            blocks.append(TokenStrip(row.ids, labels, self.tokens[row.index], self.specials))
+        return Display(*blocks)
+
+
+class TokenLegend(Node):
+    def html(self) -> str:
+        return (f"<p><span style='background:{SUPERVISED};padding:0 4px'>supervised</span> "
+                f"<span style='background:{MASKED};padding:0 4px;color:#616161'>masked (-100)</span> "
+                "<span style='border:1px solid #1565c0;padding:0 3px;font-weight:600'>special token</span>"
+                " · hover a token for its id and label</p>")
+
+    def text(self) -> str:
+        return "[supervised tokens in brackets], masked ones bare, special tokens as <name>"
+
+
+class TokenStrip(Node):
+    """One row's tokens: coloured spans in HTML (id and label on hover), brackets around supervised ones in text."""
+
+    def __init__(self, ids: list[int], labels: list[int], texts: list[str], specials: frozenset[int]) -> None:
+        self.tokens = list(zip(ids, labels, texts))[:MAX_TOKENS]
+        self._specials = specials
+        self.more = len(ids) - MAX_TOKENS if len(ids) > MAX_TOKENS else 0
+
+    def html(self) -> str:
+        spans = []
+        for token_id, label, text, special in self._tokens():
+            colour = SUPERVISED if label != IGNORE else MASKED
+            style = f"background:{colour};" + ("border:1px solid #1565c0;font-weight:600;" if special else "")
+            shown = esc(text) if special else esc(text).replace("\n", "↵\n")
+            spans.append(f"<span title='id {token_id} · label {label}' style='{style}'>{shown}</span>")
+        more = f" … ({self.more} more tokens)" if self.more else ""
+        return ("<div class='wb-token-row' style='font-family:monospace;white-space:pre-wrap;line-height:1.7;"
+                f"border:1px solid #ddd;padding:4px'>{''.join(spans)}{esc(more)}</div>")
+
+    def text(self) -> str:
+        out = []
+        for _, label, text, special in self._tokens():
+            shown = text if special else text.replace("\n", "↵")
+            out.append(f"[{shown}]" if label != IGNORE else shown)
+        return "".join(out) + (f" … ({self.more} more tokens)" if self.more else "")
+
+    def _tokens(self):
+        return [(i, label, text, i in self._specials) for i, label, text in self.tokens]
 
 
 def token_view_probe(path, stats) -> TokenView:
