@@ -162,7 +162,9 @@ def sample_inputs(model, folder: str | Path, text: str = "What is in this image?
 
     inner, _ = unwrap_model(model)
     config = getattr(inner, "config", None)
-    device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    from workbench.model.loading import first_device
+
+    device = first_device(model)
     if inputs_file:
         from safetensors.torch import load_file
 

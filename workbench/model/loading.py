@@ -139,6 +139,12 @@ def _bnb_config(quant: str, compute_dtype: torch.dtype):
     raise UsageError(f"unknown quantization {quant!r}; use none, 4bit or 8bit")
 
 
+def first_device(model) -> torch.device:
+    """Where a loaded model's first real parameter lives (meta tensors of an offloaded model skipped); cpu if none.
+    Inputs go there."""
+    return next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+
+
 # every full load this process made through load_pretrained: {"folder", "quant", "seconds"}
 LOADS: list[dict[str, Any]] = []
 

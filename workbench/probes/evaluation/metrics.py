@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from workbench.demo.grounding import Box, parse_box
 from workbench.model.inputs import vlm_inputs
+from workbench.model.loading import first_device
 
 Metric = Callable[[Sequence["SampleRecord"]], "float | None"]
 METRICS: dict[str, Metric] = {}
@@ -217,12 +218,6 @@ def teacher_forced_scores(model, inputs: dict) -> tuple[float, float]:
 
 # --- greedy evaluation ------------------------------------------------------------------------------------------
 
-def _device_of(model) -> Any:
-    import torch
-
-    return next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
-
-
 def _on(inputs: dict, device) -> dict:
     return {k: v.to(device) if hasattr(v, "to") else v for k, v in inputs.items()}
 
@@ -231,7 +226,7 @@ def generate_answer(model, tokenizer, image_processor, image, question: str, max
     """The model's greedy answer to one image + question (special tokens removed)."""
     import torch
 
-    inputs = _on(vlm_inputs(tokenizer, image_processor, image, question), _device_of(model))
+    inputs = _on(vlm_inputs(tokenizer, image_processor, image, question), first_device(model))
     with torch.no_grad():
         output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -256,7 +251,7 @@ def evaluate_sample(model, tokenizer, image_processor, row: Any, index: int, max
             record.iou = box_iou(record.predicted_box, record.box)
         if teacher_forcing and record.reference is not None:
             inputs = teacher_forced_inputs(tokenizer, image_processor, row.image, row.question, record.reference)
-            record.loss, record.token_accuracy = teacher_forced_scores(model, _on(inputs, _device_of(model)))
+            record.loss, record.token_accuracy = teacher_forced_scores(model, _on(inputs, first_device(model)))
     except Exception as exc:  # noqa: BLE001 - a sample that crashes is that sample's failure, not the run's
         record.error, record.error_kind = f"{type(exc).__name__}: {exc}", "exception"
     record.seconds = time.perf_counter() - start

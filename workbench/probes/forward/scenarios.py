@@ -47,7 +47,9 @@ class Cell:
 
 
 def device_type_of(model: nn.Module) -> str:
-    return next((p.device.type for p in model.parameters() if p.device.type != "meta"), "cpu")
+    from workbench.model.loading import first_device
+
+    return first_device(model).type
 
 
 def _logits(out: Any) -> torch.Tensor:

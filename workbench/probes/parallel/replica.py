@@ -28,13 +28,6 @@ class ForwardOutcome:
         return dataclasses.asdict(self)
 
 
-def _device_type(model: nn.Module) -> str:
-    for p in model.parameters():
-        if p.device.type != "meta":
-            return p.device.type
-    return "cpu"
-
-
 def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) -> ForwardOutcome:
     active = torch.is_autocast_enabled(device_type)
     try:
@@ -51,7 +44,9 @@ def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) ->
 def replica_forward_check(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> list[ForwardOutcome]:
     """Three forwards in training mode: main thread under autocast (a single-GPU Trainer), a worker thread started
     under autocast (a DataParallel replica), the main thread with no autocast (a wrapped model in Trainer >= 4.30)."""
-    device_type = _device_type(model)
+    from workbench.model.loading import first_device
+
+    device_type = first_device(model).type
     was_training = model.training
     model.train()
     outcomes: list[ForwardOutcome] = []
