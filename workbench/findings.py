@@ -104,9 +104,13 @@ def to_jsonable(value: Any) -> Any:
     return str(value)
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write then rename, so a reader never sees half a file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(to_jsonable(data), indent=2, ensure_ascii=False))
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    write_text_atomic(path, json.dumps(to_jsonable(data), indent=2, ensure_ascii=False))

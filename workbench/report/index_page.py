@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from workbench.findings import Finding, sort_findings, worst_verdict
+from workbench.findings import Finding, sort_findings, worst_verdict, write_text_atomic
 from workbench.report.display import Badge, Code, Link, Table
 from workbench.report.html import esc, findings_table, verdict_badge
 
@@ -105,7 +104,5 @@ def write_reports_index(reports_dir: Path) -> Path:
             f"<style>{STYLE}</style></head><body><h1>Diagnosis reports</h1><p>{len(rows)} run(s), newest first.</p>"
             f"{table}</body></html>")
     path = Path(reports_dir) / "index.html"
-    tmp = path.with_name(f".index.{os.getpid()}.tmp")
-    tmp.write_text(page)
-    os.replace(tmp, path)
+    write_text_atomic(path, page)  # two runs finishing at once never leave half a page
     return path
