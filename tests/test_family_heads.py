@@ -21,7 +21,9 @@ def by_id(findings):
     return {f.id: f for f in findings}
 
 
-@pytest.mark.parametrize("setup", ["plain", "qlora"])
+# the plain set-up (one forward per scenario) is the fast tier; the QLoRA one (a real 4-bit load and a training
+# step per family) runs in `make test`
+@pytest.mark.parametrize("setup", ["plain", pytest.param("qlora", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", FAMILIES)
 def test_healthy_family_gives_no_fail_and_names_its_inputs(family, name, setup):
     from workbench.demo.families import FAMILIES as BUILT

@@ -201,3 +201,15 @@ def test_a_notebook_that_kills_its_kernel_leaves_the_next_a_fresh_one(demo, tmp_
     assert [(n["status"], n["kernel"]) for n in report["notebooks"]] == [("error", "shared"), ("ok", "fresh")]
     assert report["cost"]["kernels_started"] == 2
     assert [f.verdict for f in findings if f.id == "dead.check"] == ["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["t5", "bert_seq_cls", "bert_encoder", "llava"])
+def test_a_healthy_checkpoint_of_each_head_kind_diagnoses_clean(family, name, tmp_path):
+    # one full diagnosis per head kind beyond the demo's (image-text-to-text) and the causal LMs above: the default
+    # set-up, every notebook in one kernel; a healthy checkpoint gets no fail and no error
+    target = resolve_target(str(family(name)))
+    folder, findings = diagnose(target, reports_dir=tmp_path / "reports", echo=lambda line: None)
+    report = json.loads((folder / "findings.json").read_text())
+    assert {n["status"] for n in report["notebooks"]} == {"ok"}
+    assert not [(f.id, f.verdict, f.title) for f in findings if f.verdict in ("fail", "error")]

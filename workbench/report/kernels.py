@@ -25,26 +25,34 @@ class Kernel:
 
     def manager(self):
         """A live kernel manager: the current kernel, or a new one when there is none or it died."""
-        if self.km is not None and self.km.is_alive():
+        if self.alive():
             return self.km
         self.discard()
-        from jupyter_client.manager import KernelManager
+        from jupyter_client.manager import AsyncKernelManager
+        from jupyter_core.utils import run_sync
 
+        # the async manager nbclient itself would create: its client honours the cell timeout and notices a dead
+        # kernel while waiting (a blocking client's waits do neither)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in discard()
-        km = KernelManager(kernel_name=self.name)
-        km.start_kernel(stdout=self._log, stderr=self._log, extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        km = AsyncKernelManager(kernel_name=self.name)
+        run_sync(km.start_kernel)(stdout=self._log, stderr=self._log,
+                                  extra_arguments=["--IPKernelApp.log_level=ERROR"])
         self.km = km
         self.started += 1
         return km
 
     def alive(self) -> bool:
-        return self.km is not None and self.km.is_alive()
+        from jupyter_core.utils import run_sync
+
+        return self.km is not None and bool(run_sync(self.km.is_alive)())
 
     def discard(self) -> None:
         """Shut the kernel down (the next notebook gets a fresh one)."""
         if self.km is not None:
             try:
-                self.km.shutdown_kernel(now=True)
+                from jupyter_core.utils import run_sync
+
+                run_sync(self.km.shutdown_kernel)(now=True)
             except Exception:  # noqa: BLE001 - a dead kernel may refuse even that
                 pass
             self.km = None
