@@ -340,10 +340,12 @@ def write_llama(folder: Path, shape: dict) -> Path:
     return folder
 
 
-def scaling_rows(rows: list, workdir: Path, repeats: int) -> None:
+def scaling_rows(rows: list, workdir: Path, repeats: int, sizes: list[str] | None = None) -> None:
     """diagnose ÷ (a fresh process that loads the checkpoint and runs one forward), per size; peak memory of the
     diagnosis ÷ checkpoint bytes; model loads per diagnosis."""
     for label, shape in SCALING_SHAPES.items():
+        if sizes and label.split()[0] not in sizes:
+            continue
         ckpt = write_llama(workdir / f"llama-{label.split()[0]}", shape)
         size = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
         naive = process_seconds([PY, "-c", LOAD_AND_FORWARD, str(ckpt)], repeats)
@@ -454,6 +456,7 @@ def main() -> None:
     parser.add_argument("--only-startup", action="store_true", help="just --help and census as processes")
     parser.add_argument("--only-scaling", action="store_true",
                         help="just diagnose vs load + forward on 0.4 / 1.3 / 2.6 GB checkpoints")
+    parser.add_argument("--sizes", nargs="*", help="with --only-scaling: some of 0.4 1.3 2.6")
     parser.add_argument("--only-data", action="store_true", help="just the data path against trl's preparation")
     parser.add_argument("--data-rows", type=int, default=20_000)
     args = parser.parse_args()
@@ -471,7 +474,7 @@ def main() -> None:
         return
     if args.only_scaling:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
-            scaling_rows(rows, Path(tmp), args.repeats)
+            scaling_rows(rows, Path(tmp), args.repeats, args.sizes)
         print_rows(rows)
         return
     if args.only_data:
