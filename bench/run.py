@@ -356,7 +356,7 @@ def scaling_rows(rows: list, workdir: Path, repeats: int, sizes: list[str] | Non
             runs += process_seconds([PY, "-m", "workbench", "diagnose", str(ckpt), "--reports-dir", str(reports)], 1)
         report = json.loads(sorted(reports.glob("*/*/findings.json"))[-1].read_text())
         ratio = statistics.median(r["seconds"] for r in runs) / statistics.median(r["seconds"] for r in naive)
-        rows.append((f"`diagnose` of a {size / 1e9:.2f} GB Llama (6 notebooks) vs load + one forward in a fresh "
+        rows.append((f"`diagnose` of a {size / 1e9:.2f} GB Llama (every notebook) vs load + one forward in a fresh "
                      "process", stats([r["seconds"] for r in runs]), stats([r["seconds"] for r in naive]),
                      f"{ratio:.1f}× the load + forward",
                      f"{report['cost']['model_loads']} model loads, {report['cost']['kernels_started']} kernel; "
