@@ -53,3 +53,12 @@ def test_interactive_failures_keep_the_exception_for_debugging(tmp_path):
     assert sys.last_traceback is failed.exception.__traceback__ and "%debug" in failed._repr_html_()
     batch = FindingsRecorder(tmp_path / "g.json", notebook="x").run(boom)
     assert isinstance(batch.exception, ValueError)  # kept in batch runs too; only %debug's slot is left alone
+
+
+def test_the_readmes_detailed_table_describes_exactly_the_catalogs_checks():
+    import re
+
+    text = README.read_text()
+    start = text.index("| id | notebook | in detail | verdicts |")
+    table = text[start:text.index("\n\n", start)]  # one table: a blank line would end it early
+    assert re.findall(r"^\| `([a-z0-9_.]+)` \|", table, re.M) == [c.id for c in CHECKS]

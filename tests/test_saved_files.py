@@ -366,3 +366,21 @@ def test_a_name_list_reaching_clips_q_proj_warns_and_an_anchored_regex_does_not(
     assert found["list"].verdict == "warn" and "4 vision-tower module(s) (q_proj, v_proj)" in found["list"].title
     assert found["list"].evidence["matched_per_component"] == {"language": 4, "vision": 4}
     assert found["regex"].verdict == "info" and found["regex"].evidence["matched_per_component"] == {"language": 4}
+
+
+@pytest.mark.parametrize("name", ["qwen2_tied", "gpt2", "t5", "gemma3_text", "bert_seq_cls", "bert_encoder", "llava",
+                                  "gemma3_vlm", "mixtral"])
+def test_the_saved_files_of_healthy_families_raise_nothing(family, name, tmp_path):
+    # tied embeddings (Qwen2, GPT-2, T5, Gemma 3), an encoder-decoder, encoders with and without a head, VLMs, a MoE:
+    # notebook 00 must stay quiet on every healthy checkpoint (no tokenizer saved: the tokenizer checks say skip)
+    from workbench.catalog import notebook
+    from workbench.notebook import open_notebook
+
+    nb = open_notebook("00_saved_files", checkpoint=str(family(name)), findings_path=str(tmp_path / "f.json"))
+    for step in notebook("00_saved_files").steps:
+        nb.run(step.name)
+    verdicts = {f.id: f.verdict for f in nb.recorder.findings}
+    assert set(verdicts) == set(notebook("00_saved_files").checks)
+    assert not {c: v for c, v in verdicts.items() if v in ("fail", "error", "warn")}, verdicts
+    assert verdicts["tokenizer.vocab"] == verdicts["tokenizer.special_tokens"] == "skip"
+    assert verdicts["adapter.weights"] == verdicts["adapter.targets"] == "skip"  # a full checkpoint: no adapter

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import logging
 import os
 import time
 import uuid
@@ -231,6 +232,12 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
 
     from concurrent.futures import ThreadPoolExecutor
 
+    # papermill's and nbclient's own log lines ("Timeout waiting for execute reply", ...) go to the report, not
+    # the console: the console shows one line per notebook, with the error it ended on
+    papermill_log = logging.getLogger("papermill")
+    handler = logging.FileHandler(temp / "papermill.log")
+    papermill_log.addHandler(handler)
+    papermill_log.propagate = False
     try:
         if jobs == 1:  # one kernel, the notebooks in order, the prepared model shared
             results = [execute(item) for item in enumerate(notebooks, 1)]
@@ -239,6 +246,9 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
                 results = list(pool.map(execute, enumerate(notebooks, 1)))
     finally:
         kernel.discard()
+        papermill_log.removeHandler(handler)
+        handler.close()
+        papermill_log.propagate = True
     runs = [run for run, _ in results]
     findings = [f for _, nb_findings in results for f in nb_findings]
     report = {
