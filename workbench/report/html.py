@@ -22,15 +22,18 @@ def verdict_badge(verdict: str) -> str:
 def findings_block(findings: Iterable[Finding], link_notebooks: bool = False) -> Table:
     """Worst first: verdict, check, title with detail and fix (evidence folded), notebook."""
     rows = []
-    for f in sort_findings(findings):
+    findings = sort_findings(findings)
+    located = any(f.notebook for f in findings)  # a result's own table (no notebook yet): no empty column
+    for f in findings:
         where = Link(f"{f.notebook}.html", f.notebook) if link_notebooks and f.notebook else (f.notebook or "")
         evidence = json.dumps(f.evidence, indent=1, default=str)
         if len(evidence) > MAX_EVIDENCE:
             evidence = evidence[:MAX_EVIDENCE] + "\n… (truncated; full evidence in findings.json)"
         finding = Inline(Bold(f.title), Line(f.detail), Line(Italic("Fix:"), " ", f.fix) if f.fix else None,
                          Details("evidence", Pre(evidence)))
-        rows.append([Badge(f.verdict), Code(f.id), finding, where])
-    return Table(["verdict", "check", "finding", "notebook"], rows, css_class="wb-findings", left=True)
+        rows.append([Badge(f.verdict), Code(f.id), finding] + ([where] if located else []))
+    return Table(["verdict", "check", "finding"] + (["notebook"] if located else []), rows, css_class="wb-findings",
+                 left=True)
 
 
 def findings_table(findings: Iterable[Finding], link_notebooks: bool = False) -> str:
