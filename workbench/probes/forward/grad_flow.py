@@ -7,6 +7,7 @@ gradient is exactly zero (dL/dA = B^T ...). Names are normalized across wrappers
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections import Counter
@@ -61,6 +62,7 @@ class GradFlowResult(TextRepr):
     has_pixels: bool
     inputs_how: str = ""
     unused: list[str] = dataclasses.field(default_factory=list)  # trainable tensors whose module never ran
+    backward_kernels: str | None = None  # set when half-precision products were computed in fp32 (CPU only)
 
     def to_frame(self):
         import pandas as pd
@@ -92,6 +94,8 @@ class GradFlowResult(TextRepr):
                                     "missing": [r.as_row() for r in self.rows if r.status != "ok" and not r.expected][:40],
                                     "expected_zero": sum(1 for r in self.rows if r.expected and r.status == "zero"),
                                     "inputs": self.inputs_how, "never_run": self.unused[:40]}
+        if self.backward_kernels:
+            evidence["backward_kernels"] = self.backward_kernels
         if self.error:
             cause, fix = self._cause([])
             known = "does not require grad" in self.error
@@ -159,6 +163,7 @@ def _lora_b_is_zero(model: nn.Module, a_name: str) -> bool:
 
 
 def grad_flow_probe(prepared, target) -> GradFlowResult:
+    from workbench.model.cpu_half_matmul import describe, fp32_half_matmul
     from workbench.model.heads import loss_of
     from workbench.model.inputs import sample_inputs
     from workbench.probes.dtype.islands import compute_dtype_of
@@ -174,7 +179,7 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
     was_training = model.training
     model.train()
     model.zero_grad(set_to_none=True)
-    loss_value, error = None, None
+    loss_value, error, promoted = None, None, None
     # read each gradient as it is accumulated, then drop it: a full fine-tune would otherwise hold a second
     # model-sized buffer of gradients just so that we can look at them
     seen: dict[str, tuple[str, float]] = {}
@@ -208,7 +213,8 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
             out = model(**inputs)
         loss = loss_of(out)
         loss_value = float(loss.detach().float())
-        loss.backward()
+        with (fp32_half_matmul() if device_type_of(model) == "cpu" else contextlib.nullcontext()) as promoted:
+            loss.backward()
     except Exception as exc:  # noqa: BLE001 - e.g. "element 0 of tensors does not require grad"
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
@@ -237,4 +243,5 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
                     unused.append(normalize_name(name))
             rows.append(GradRow(normalize_name(name), component, role, status, norm, expected))
     model.zero_grad(set_to_none=True)
-    return GradFlowResult(rows, loss_value, error, _checkpointing_state(model), has_pixels, how, unused)
+    return GradFlowResult(rows, loss_value, error, _checkpointing_state(model), has_pixels, how, unused,
+                          describe(promoted))

@@ -1,0 +1,79 @@
+"""The fp32 route for half-precision products on a CPU without native bf16/fp16 GEMM: same graph, same dtypes, same
+errors, same gradient verdicts as the stack's own kernels — only faster."""
+
+import pytest
+import torch
+
+from workbench.model.cpu_half_matmul import fp32_half_matmul, slow_half_dtypes
+from workbench.model.setups import prepare_model
+from workbench.model.target import resolve_target
+from workbench.probes.forward.grad_flow import grad_flow_probe, normalize_name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_products_keep_their_dtype_and_equal_the_fp32_product_rounded(dtype):
+    torch.manual_seed(0)
+    a, b, c = torch.randn(16, 64, dtype=dtype), torch.randn(64, 32, dtype=dtype), torch.randn(32, dtype=dtype)
+    batched_a, batched_b = torch.randn(2, 16, 64, dtype=dtype), torch.randn(2, 64, 32, dtype=dtype)
+    with fp32_half_matmul((dtype,)) as mode:
+        products = [a @ b, torch.addmm(c, a, b), torch.bmm(batched_a, batched_b), torch.nn.functional.linear(a, b.t(), c)]
+    assert mode.promoted == 4
+    assert all(p.dtype == dtype for p in products)
+    assert torch.equal(products[0], (a.float() @ b.float()).to(dtype))
+    assert torch.equal(products[2], torch.bmm(batched_a.float(), batched_b.float()).to(dtype))
+
+
+def test_a_dtype_mismatch_raises_the_stacks_own_error():
+    a, b = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 4)
+    with pytest.raises(RuntimeError) as outside:
+        a @ b
+    with fp32_half_matmul((torch.bfloat16,)) as mode, pytest.raises(RuntimeError) as inside:
+        a @ b
+    assert str(inside.value) == str(outside.value) and mode.promoted == 0
+
+
+def test_nothing_is_routed_where_the_cpu_has_native_half_gemm():
+    with fp32_half_matmul(()) as mode:
+        torch.randn(4, 4, dtype=torch.bfloat16) @ torch.randn(4, 4, dtype=torch.bfloat16)
+    assert mode is None
+
+
+def stack_gradients(model, inputs) -> dict[str, float | None]:
+    """One backward on the stack's own kernels: each trainable tensor's gradient norm (None: no gradient)."""
+    from workbench.model.heads import loss_of
+
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss_of(model(**inputs)).backward()
+    norms = {normalize_name(n): (float(p.grad.float().norm()) if p.grad is not None else None)
+             for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return norms
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2_tied", "llava"])
+def test_grad_flow_of_a_full_bf16_fine_tune_matches_the_stacks_backward(family, name):
+    """A bf16 model straight from from_pretrained (every tensor trainable): the probe's statuses equal those of a
+    backward on torch's own kernels, its norms agree to bf16 rounding, and the evidence says what was promoted."""
+    from workbench.model.inputs import sample_inputs
+    from workbench.probes.forward.scenarios import with_labels
+
+    target = resolve_target(str(family(name)))
+    prepared = prepare_model(target)
+    model = prepared.model
+    assert next(model.parameters()).dtype == torch.bfloat16
+    result = grad_flow_probe(prepared, target)
+    inputs = with_labels(model, sample_inputs(model, target.model_dir)[0])
+    expected = stack_gradients(model, inputs)
+    rows = {r.name: r for r in result.rows}
+    assert set(rows) == set(expected)
+    for tensor, norm in expected.items():
+        status = "none" if norm is None else "ok" if norm > 0 else "zero"
+        assert rows[tensor].status == status, tensor
+        if norm:
+            assert rows[tensor].norm == pytest.approx(norm, rel=0.05), tensor
+    evidence = result.findings()[0].evidence
+    if torch.bfloat16 in slow_half_dtypes():
+        assert "computed in fp32" in evidence["backward_kernels"] and "pytorch/pytorch#146508" in evidence["backward_kernels"]
+    else:
+        assert "backward_kernels" not in evidence
