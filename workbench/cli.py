@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 
 from workbench.errors import UsageError
-from workbench.runtime import quiet_and_offline
+from workbench.runtime import quiet_and_offline, skip_slow_optional_imports
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,7 +126,7 @@ def cmd_checks(args) -> int:
 
 def cmd_diagnose(args) -> int:
     from workbench.params import load_params
-    from workbench.report.runner import diagnose, exit_code
+    from workbench.report.runner import diagnose, exit_code, start_kernel
     from workbench.model.target import resolve_target
 
     from workbench.notebook import with_demo_fallback
@@ -139,23 +139,33 @@ def cmd_diagnose(args) -> int:
         print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({options['checkpoint']})")
     checkpoint, quant, setup, gpus = options["checkpoint"], options["quant"], options["setup"], options["gpus"]
     params = json.loads(options["params_json"])
-    if args.recipes:
-        from workbench.probes.evaluation.recipes import read_recipes
-
-        read_recipes(args.recipes)  # unusable file: exit 2 now, not an error deep in a notebook
-        params["recipes"] = str(Path(args.recipes).resolve())
-    target = resolve_target(checkpoint, adapter=args.adapter, base=args.base, quant=quant or "none", gpus=gpus,
-                            setup=setup, params=params, device_map=args.device_map,
-                            max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                            allow_pickle=args.allow_pickle, data=args.data)
     if args.cell_timeout < 1:
         raise UsageError(f"--cell-timeout {args.cell_timeout}: use a number of seconds, 1 or more")
     if args.jobs < 0:
         raise UsageError(f"--jobs {args.jobs}: use 1 or more (0 chooses by cores and memory)")
     if args.distributed == 1 or not 0 <= args.distributed <= 64:
         raise UsageError(f"--distributed {args.distributed}: use a number of ranks from 2 to 64 (0: not run)")
+    jobs = 1 if args.distributed else (args.jobs or None)
+    if args.recipes:
+        from workbench.probes.evaluation.recipes import read_recipes
+
+        read_recipes(args.recipes)  # unusable file: exit 2 now, not an error deep in a notebook
+        params["recipes"] = str(Path(args.recipes).resolve())
+    if not Path(checkpoint).expanduser().is_dir():  # a hub id or a typo: resolve_target explains, no kernel needed
+        kernel = None
+    else:  # the kernel imports the stack while this process validates the target (~2 s of transformers)
+        kernel = start_kernel() if jobs == 1 else None
+    try:
+        target = resolve_target(checkpoint, adapter=args.adapter, base=args.base, quant=quant or "none", gpus=gpus,
+                                setup=setup, params=params, device_map=args.device_map, max_memory=args.max_memory,
+                                dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+                                allow_pickle=args.allow_pickle, data=args.data)
+    except BaseException:
+        if kernel is not None:
+            kernel.close()
+        raise
     folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=args.notebooks,
-                                cell_timeout=args.cell_timeout, jobs=1 if args.distributed else (args.jobs or None),
+                                cell_timeout=args.cell_timeout, jobs=jobs, kernel=kernel,
                                 extra_parameters={"distributed": args.distributed})
     for f in findings:
         if f.verdict in ("fail", "error"):
@@ -166,6 +176,7 @@ def cmd_diagnose(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     quiet_and_offline()
+    skip_slow_optional_imports()
     args = build_parser().parse_args(argv)
     handler = {"diagnose": cmd_diagnose, "census": cmd_census, "checks": cmd_checks, "demo": cmd_demo,
                "lab": cmd_lab}[args.command]

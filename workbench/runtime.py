@@ -25,3 +25,14 @@ def quiet_and_offline() -> None:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+
+
+def skip_slow_optional_imports() -> None:
+    """Keep optional imports that cost seconds and serve nothing here out of this process.
+
+    `rfc3987_syntax` (1.1.0, pulled in by jupyter-events' `jsonschema[format-nongpl]`) compiles ~40 lark grammars
+    when imported: 1.7 s of every `import papermill` / `import nbformat` on 2 cores, through jsonschema 4.26's
+    `_format.py`, which imports it only to check the "iri" string format — nbformat's notebook validation never
+    asks for it. jsonschema imports it inside `suppress(ImportError)`, so a None in sys.modules just leaves that
+    format unchecked. For the CLI's own process; a user's JupyterLab is left alone."""
+    sys.modules.setdefault("rfc3987_syntax", None)

@@ -9,19 +9,32 @@ its cell timeout leaves the next notebooks a fresh kernel, and the report says s
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import IO
 
 KERNEL_NAME = "workbench"
+# sent the moment a kernel starts, before papermill connects: the stack's imports (~4 s on 2 cores) then overlap the
+# runner's own start-up (papermill, nbconvert) instead of following it
+WARM_UP = "import torch, transformers, pandas, workbench.notebook\nfrom transformers import AutoConfig, PreTrainedModel"
 
 
 class Kernel:
-    def __init__(self, log_path: Path, name: str = KERNEL_NAME) -> None:
-        self.log_path = Path(log_path)
+    """The diagnosis' kernel. It may start before the report folder exists (the CLI starts it while it still
+    validates the target), so its console goes to a private temporary log that `save_log` copies into the report."""
+
+    def __init__(self, name: str = KERNEL_NAME) -> None:
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="workbench-kernel-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(path)
         self.name = name
         self.km = None
         self.started = 0  # kernels started for this diagnosis
         self._log: IO[bytes] | None = None
+        self._client = None  # the warm-up's client
 
     def manager(self):
         """A live kernel manager: the current kernel, or a new one when there is none or it died."""
@@ -39,7 +52,19 @@ class Kernel:
                                   extra_arguments=["--IPKernelApp.log_level=ERROR"])
         self.km = km
         self.started += 1
+        self._warm_up(km)
         return km
+
+    def _warm_up(self, km) -> None:
+        """Queue the stack's imports in the new kernel without waiting for them (silent: no output, no execution
+        count; a failing import fails again, visibly, in the first notebook)."""
+        from jupyter_client.blocking import BlockingKernelClient
+
+        client = BlockingKernelClient()
+        client.load_connection_info(km.get_connection_info())
+        client.start_channels(iopub=False, stdin=False, hb=False, control=False)
+        client.execute(WARM_UP, silent=True, store_history=False)
+        self._client = client
 
     def alive(self) -> bool:
         from jupyter_core.utils import run_sync
@@ -48,6 +73,9 @@ class Kernel:
 
     def discard(self) -> None:
         """Shut the kernel down (the next notebook gets a fresh one)."""
+        if self._client is not None:
+            self._client.stop_channels()
+            self._client = None
         if self.km is not None:
             try:
                 from jupyter_core.utils import run_sync
@@ -60,8 +88,17 @@ class Kernel:
             self._log.close()
             self._log = None
 
+    def save_log(self, destination: Path) -> None:
+        """Copy what every kernel of this diagnosis printed so far to `destination`."""
+        shutil.copyfile(self.log_path, destination)
+
+    def close(self) -> None:
+        """Shut the kernel down and remove the temporary log."""
+        self.discard()
+        self.log_path.unlink(missing_ok=True)
+
     def __enter__(self) -> Kernel:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.discard()
+        self.close()

@@ -109,9 +109,10 @@ def export_html(executed: Path, html_path: Path) -> None:
 
 
 def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kernel: Kernel | str,
-                 cell_timeout: int | None = None) -> NotebookRun:
-    """Execute one notebook into `folder` and export its HTML. `kernel`: a Kernel to run in (shared by the
-    notebooks of a diagnosis), or a kernel name for a kernel of its own."""
+                 cell_timeout: int | None = None, export: bool = True) -> NotebookRun:
+    """Execute one notebook into `folder` and (unless `export=False`: call `export_run` later) export its HTML.
+    `kernel`: a Kernel to run in (shared by the notebooks of a diagnosis), or a kernel name for a kernel of its
+    own."""
     import papermill as pm
 
     from workbench.notebook import parameters_cell_mismatch
@@ -131,15 +132,21 @@ def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kerne
                             extra_arguments=["--IPKernelApp.log_level=ERROR"], execution_timeout=cell_timeout)
     except Exception as exc:  # noqa: BLE001 - PapermillExecutionError and kernel deaths alike: failure as artifact
         error = f"{type(exc).__name__}: {getattr(exc, 'evalue', None) or str(exc).strip().splitlines()[-1:]}"
-    seconds = time.monotonic() - start
-    html = None
+    run = NotebookRun(notebook.stem, "error" if error else "ok", None, round(time.monotonic() - start, 2), error)
+    return export_run(run, folder) if export else run
+
+
+def export_run(run: NotebookRun, folder: Path) -> NotebookRun:
+    """Export an executed notebook of `folder` to HTML beside it; an export that fails makes the run an error."""
+    executed = folder / f"{run.name}.ipynb"
     if executed.exists():
         try:
-            export_html(executed, folder / f"{notebook.stem}.html")
-            html = f"{notebook.stem}.html"
+            export_html(executed, folder / f"{run.name}.html")
+            run.html = f"{run.name}.html"
         except Exception as exc:  # noqa: BLE001
-            error = error or f"HTML export failed: {type(exc).__name__}: {exc}"
-    return NotebookRun(notebook.stem, "error" if error else "ok", html, round(seconds, 2), error)
+            run.error = run.error or f"HTML export failed: {type(exc).__name__}: {exc}"
+            run.status = "error"
+    return run
 
 
 def collect_findings(folder: Path, notebook: Path, run: NotebookRun) -> list[Finding]:
@@ -196,9 +203,29 @@ def parallel_jobs(target: Target, notebooks: int) -> int:
     return jobs if two_copies_fit_easily(target) else 1
 
 
+def start_kernel() -> Kernel:
+    """The diagnosis' one kernel, started now: the stack's imports in it overlap the caller's own work (the CLI
+    starts it before validating the target). Hand it to `diagnose(kernel=...)`, or `close()` it."""
+    ensure_kernel()
+    kernel = Kernel()
+    kernel.manager()
+    return kernel
+
+
 def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
              echo: Callable[[str], None] = print, notebook_dir: Path = NOTEBOOK_DIR,
-             cell_timeout: int | None = 1800, jobs: int | None = 1) -> tuple[Path, list[Finding]]:
+             cell_timeout: int | None = 1800, jobs: int | None = 1,
+             kernel: Kernel | None = None) -> tuple[Path, list[Finding]]:
+    """Run the notebooks into a dated report folder; (folder, findings). `kernel`: one already started
+    (`start_kernel`), used when the notebooks run one at a time and closed at the end either way."""
+    try:
+        return _diagnose(target, reports_dir, only, extra_parameters, echo, notebook_dir, cell_timeout, jobs, kernel)
+    finally:
+        if kernel is not None:
+            kernel.close()
+
+
+def _diagnose(target, reports_dir, only, extra_parameters, echo, notebook_dir, cell_timeout, jobs, early):
     kernel_python = ensure_kernel()
     # kernels inherit the environment: keep the user's folder importable for --setup module:function
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
@@ -211,7 +238,14 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
     jobs = jobs or parallel_jobs(target, len(notebooks))
     if jobs > 1:
         echo(f"running {jobs} notebooks at a time, each in its own kernel (each holds its own copy of the model)")
-    kernel = Kernel(temp / "kernel.log")
+    from concurrent.futures import ThreadPoolExecutor
+
+    # one kernel, started (and importing the stack) before this process imports papermill; each notebook's HTML is
+    # exported in a thread of this process while the kernel runs the next notebook
+    exports = ThreadPoolExecutor(max_workers=1) if jobs == 1 else None
+    kernel = early if early is not None and jobs == 1 else Kernel()
+    if jobs == 1:
+        kernel.manager()
 
     def execute(item: tuple[int, Path]) -> tuple[NotebookRun, list[Finding]]:
         i, notebook = item
@@ -219,7 +253,9 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
         sidecar = str(temp / f"findings.{notebook.stem}.json")
         fresh = jobs == 1 and kernel.started > 0 and not kernel.alive()
         run = run_notebook(notebook, temp, {**parameters, "findings_path": sidecar},
-                           kernel if jobs == 1 else KERNEL_NAME, cell_timeout)
+                           kernel if jobs == 1 else KERNEL_NAME, cell_timeout, export=exports is None)
+        if exports is not None:
+            exports.submit(export_run, run, temp)
         run.kernel = "own" if jobs > 1 else "fresh" if fresh else "shared"
         if jobs == 1 and run.error and ("Timeout" in run.error or "DeadKernel" in run.error or not kernel.alive()):
             kernel.discard()  # a hung or dead kernel: the next notebook starts a fresh one
@@ -229,8 +265,6 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
              + (f"\n      {run.error}" if run.error else "")
              + ("\n      (in a fresh kernel: the previous notebook's kernel died or hung)" if fresh else ""))
         return run, nb_findings
-
-    from concurrent.futures import ThreadPoolExecutor
 
     # papermill's and nbclient's own log lines ("Timeout waiting for execute reply", ...) go to the report, not
     # the console: the console shows one line per notebook, with the error it ended on
@@ -246,6 +280,12 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
                 results = list(pool.map(execute, enumerate(notebooks, 1)))
     finally:
         kernel.discard()
+        if jobs == 1:
+            kernel.save_log(temp / "kernel.log")
+        if kernel is not early:
+            kernel.close()
+        if exports is not None:
+            exports.shutdown(wait=True)  # every HTML written (and every export error on its run) before the index
         papermill_log.removeHandler(handler)
         handler.close()
         papermill_log.propagate = True
