@@ -134,3 +134,46 @@ def test_evaluate_samples_keeps_every_failure_in_its_record(base_parts):
     assert crashed.error_kind == "exception" and crashed.prediction is None
     summary = summarize(records)
     assert summary["scored"] == 2 and summary["errors"]["dataset"] == 1 and summary["errors"]["exception"] == 1
+
+
+def asked_differently(n: int) -> list:
+    """n samples whose questions differ in length, so their prompts do too."""
+    import dataclasses
+
+    return [dataclasses.replace(make_sample(i), question=make_sample(i).question + " Answer briefly." * i)
+            for i in range(n)]
+
+
+def test_batched_generation_gives_each_sample_the_answer_it_gets_alone(base_parts):
+    """Left-padded batches (prompts of different lengths: questions differ) against one sample at a time: the same
+    greedy answers, the same teacher-forced scores."""
+    model, tokenizer, image_processor = base_parts
+    rows = asked_differently(6)
+    alone = evaluate_samples(model, tokenizer, image_processor, rows, max_new_tokens=8, batch_size=1)
+    batched = evaluate_samples(model, tokenizer, image_processor, rows, max_new_tokens=8, batch_size=4)
+    assert [r.prediction for r in batched] == [r.prediction for r in alone]
+    assert [r.index for r in batched] == list(range(6))
+    for a, b in zip(alone, batched):
+        assert b.loss == pytest.approx(a.loss, abs=1e-4) and b.token_accuracy == pytest.approx(a.token_accuracy)
+
+
+def test_a_batch_that_fails_is_retried_one_sample_at_a_time(base_parts, monkeypatch):
+    """A batch that raises (out of memory on a GPU) is run again sample by sample: every row still gets its answer,
+    and a sample that fails alone keeps its own error while its neighbours are scored."""
+    model, tokenizer, image_processor = base_parts
+    rows = asked_differently(3)
+    expected = [r.prediction for r in evaluate_samples(model, tokenizer, image_processor, rows, 8, batch_size=1)]
+    generate = model.generate
+
+    def refusing_batches(**inputs):
+        if inputs["input_ids"].shape[0] > 1:
+            raise RuntimeError("CUDA out of memory (planted)")
+        if tokenizer.decode(inputs["input_ids"][0]).count("Answer briefly.") == 1:  # rows[1]'s question
+            raise ValueError("this sample breaks the model (planted)")
+        return generate(**inputs)
+
+    monkeypatch.setattr(model, "generate", refusing_batches)
+    records = evaluate_samples(model, tokenizer, image_processor, rows, 8, batch_size=3)
+    assert [records[0].prediction, records[2].prediction] == [expected[0], expected[2]]
+    assert records[1].error_kind == "exception" and "planted" in records[1].error and records[1].prediction is None
+    assert "out of memory" not in (records[0].error or "") + (records[2].error or "")

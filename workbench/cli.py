@@ -125,20 +125,10 @@ def cmd_checks(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from workbench.params import load_params
     from workbench.report.runner import diagnose, exit_code, start_kernel
-    from workbench.model.target import resolve_target
-
-    from workbench.notebook import with_demo_fallback
 
     if not args.checkpoint and (args.adapter or args.base):
         raise UsageError("--adapter/--base need a CKPT; without one the bundled demo is diagnosed")
-    options, demo = with_demo_fallback({"checkpoint": args.checkpoint, "quant": args.quant, "setup": args.setup,
-                                        "gpus": args.gpus, "params_json": json.dumps(load_params(args.params))})
-    if demo:
-        print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({options['checkpoint']})")
-    checkpoint, quant, setup, gpus = options["checkpoint"], options["quant"], options["setup"], options["gpus"]
-    params = json.loads(options["params_json"])
     if args.cell_timeout < 1:
         raise UsageError(f"--cell-timeout {args.cell_timeout}: use a number of seconds, 1 or more")
     if args.jobs < 0:
@@ -146,20 +136,12 @@ def cmd_diagnose(args) -> int:
     if args.distributed == 1 or not 0 <= args.distributed <= 64:
         raise UsageError(f"--distributed {args.distributed}: use a number of ranks from 2 to 64 (0: not run)")
     jobs = 1 if args.distributed else (args.jobs or None)
-    if args.recipes:
-        from workbench.probes.evaluation.recipes import read_recipes
-
-        read_recipes(args.recipes)  # unusable file: exit 2 now, not an error deep in a notebook
-        params["recipes"] = str(Path(args.recipes).resolve())
-    if not Path(checkpoint).expanduser().is_dir():  # a hub id or a typo: resolve_target explains, no kernel needed
-        kernel = None
-    else:  # the kernel imports the stack while this process validates the target (~2 s of transformers)
-        kernel = start_kernel() if jobs == 1 else None
+    # the one kernel imports the stack while this process builds the demo or validates the target (~2 s of
+    # transformers); a CKPT that is no folder (a hub id, a typo) gets its error without one
+    local = not args.checkpoint or Path(args.checkpoint).expanduser().is_dir()
+    kernel = start_kernel() if jobs == 1 and local else None
     try:
-        target = resolve_target(checkpoint, adapter=args.adapter, base=args.base, quant=quant or "none", gpus=gpus,
-                                setup=setup, params=params, device_map=args.device_map, max_memory=args.max_memory,
-                                dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                                allow_pickle=args.allow_pickle, data=args.data)
+        target = _diagnosis_target(args)
     except BaseException:
         if kernel is not None:
             kernel.close()
@@ -172,6 +154,28 @@ def cmd_diagnose(args) -> int:
             print(f"{f.verdict}: {f.id}: {f.title}")
     print(f"report: {folder}")
     return exit_code(findings)
+
+
+def _diagnosis_target(args):
+    """The target `diagnose` was asked for: the demo when no CKPT (built on first use), the recipes file read."""
+    from workbench.model.target import resolve_target
+    from workbench.notebook import with_demo_fallback
+    from workbench.params import load_params
+
+    options, demo = with_demo_fallback({"checkpoint": args.checkpoint, "quant": args.quant, "setup": args.setup,
+                                        "gpus": args.gpus, "params_json": json.dumps(load_params(args.params))})
+    if demo:
+        print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({options['checkpoint']})")
+    params = json.loads(options["params_json"])
+    if args.recipes:
+        from workbench.probes.evaluation.recipes import read_recipes
+
+        read_recipes(args.recipes)  # unusable file: exit 2 now, not an error deep in a notebook
+        params["recipes"] = str(Path(args.recipes).resolve())
+    return resolve_target(options["checkpoint"], adapter=args.adapter, base=args.base, quant=options["quant"] or "none",
+                          gpus=options["gpus"], setup=options["setup"], params=params, device_map=args.device_map,
+                          max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+                          allow_pickle=args.allow_pickle, data=args.data)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 
 Each recipe is loaded alone: memory is freed before it (gc, and on CUDA `empty_cache` + `synchronize`), its adapter
 is matched to the base it was trained on (lineage), its placement is read before the adapter goes on, then it
-generates an answer per sample (greedy), parsed and scored by the metric registry (`workbench.probes.evaluation.metrics`), and
+generates an answer per sample (greedy, `batch_size` samples at a time), parsed and scored by the metric registry (`workbench.probes.evaluation.metrics`), and
 teacher-forced loss / token accuracy are measured on the reference answers. Peak memory per recipe (CUDA max
 allocated on a GPU, resident set on the CPU) and what was not returned after freeing are recorded. A recipe that
 cannot be loaded is an error row with its reason; the others still evaluate.
@@ -128,7 +128,7 @@ def _processing(base_dir: Path, adapter_dir: Path | None):
 
 def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: dict[str, Any],
                     max_new_tokens: int, progress: Callable[[int, int, Any], Any] | None = None,
-                    shared=None) -> RecipeOutcome:
+                    shared=None, batch_size: int = 16) -> RecipeOutcome:
     """Load, evaluate and free one recipe; every failure ends up in the outcome, never raised."""
     from workbench.probes.evaluation.metrics import evaluate_samples, summarize
 
@@ -152,7 +152,8 @@ def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: 
                 peak.append(in_use_bytes())
                 if progress:
                     progress(done, total, record)
-            outcome.records = evaluate_samples(model, tokenizer, image_processor, rows, max_new_tokens, sample_done)
+            outcome.records = evaluate_samples(model, tokenizer, image_processor, rows, max_new_tokens, sample_done,
+                                               batch_size=batch_size)
             outcome.summary = summarize(outcome.records)
     except UsageError as exc:
         outcome.error = str(exc)
@@ -399,7 +400,8 @@ def evaluate_recipes(recipes: RecipeList, target) -> EvaluationResult:
         bar = _progress_bar(len(rows), recipe.name)
         outcome = evaluate_recipe(recipe, rows, recipes.reference, options, recipes.max_new_tokens,
                                   (lambda done, total, record, bar=bar: bar.update(1)) if bar else None,
-                                  shared=None if rows else _shared_model_of(recipe, target))
+                                  shared=None if rows else _shared_model_of(recipe, target),
+                                  batch_size=recipes.batch_size)
         if bar:
             bar.close()
         else:

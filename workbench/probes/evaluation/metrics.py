@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from workbench.demo.grounding import Box, parse_box
 from workbench.model.inputs import vlm_inputs
 from workbench.model.loading import first_device
+from workbench.resources import free_memory
 
 Metric = Callable[[Sequence["SampleRecord"]], "float | None"]
 METRICS: dict[str, Metric] = {}
@@ -224,55 +225,153 @@ def _on(inputs: dict, device) -> dict:
 
 def generate_answer(model, tokenizer, image_processor, image, question: str, max_new_tokens: int) -> str:
     """The model's greedy answer to one image + question (special tokens removed)."""
+    return generate_answers(model, tokenizer, [vlm_inputs(tokenizer, image_processor, image, question)],
+                            max_new_tokens)[0]
+
+
+def collate_prompts(items: Sequence[dict], pad_token_id: int) -> dict:
+    """Batch `vlm_inputs` for generation: token rows padded on the left (generation appends on the right; the
+    attention mask and M-RoPE's positions skip the padding), images concatenated."""
+    import torch
+    from torch.nn.functional import pad
+
+    length = max(item["input_ids"].shape[1] for item in items)
+    fill = {"input_ids": pad_token_id, "attention_mask": 0, "mm_token_type_ids": 0}
+    batch = {key: torch.cat([pad(item[key], (length - item[key].shape[1], 0), value=value) for item in items])
+             for key, value in fill.items() if key in items[0]}
+    for key in ("pixel_values", "image_grid_thw"):
+        batch[key] = torch.cat([item[key] for item in items])
+    return batch
+
+
+def generate_answers(model, tokenizer, prompts: Sequence[dict], max_new_tokens: int) -> list[str]:
+    """Greedy answers (`do_sample=False`) to a batch of `vlm_inputs`, decoded without special tokens."""
     import torch
 
-    inputs = _on(vlm_inputs(tokenizer, image_processor, image, question), first_device(model))
+    batch = _on(collate_prompts(prompts, tokenizer.pad_token_id) if len(prompts) > 1 else prompts[0],
+                first_device(model))
     with torch.no_grad():
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+        output = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    return tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    start = batch["input_ids"].shape[1]
+    return [tokenizer.decode(row[start:], skip_special_tokens=True) for row in output]
+
+
+def teacher_forced_batch_scores(model, batch: dict) -> list[tuple[float, float]]:
+    """`teacher_forced_scores` of every row of a `collate_teacher_forced` batch, each over its own labelled tokens."""
+    import torch
+
+    labels = batch["labels"]
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1].float()
+    targets = labels[:, 1:].to(logits.device)
+    scores = []
+    for row_logits, row_targets in zip(logits, targets):
+        mask = row_targets != -100
+        loss = torch.nn.functional.cross_entropy(row_logits[mask], row_targets[mask])
+        scores.append((float(loss), float((row_logits.argmax(-1)[mask] == row_targets[mask]).float().mean())))
+    return scores
+
+
+def _score_answer(record: SampleRecord, prediction: str) -> None:
+    record.prediction = prediction
+    record.predicted_box, parse_error = parse_box(prediction)
+    if parse_error:
+        record.error, record.error_kind = parse_error, "parse"
+    elif record.box is not None:
+        record.iou = box_iou(record.predicted_box, record.box)
+
+
+def _failed(record: SampleRecord, exc: BaseException) -> None:
+    record.error, record.error_kind = f"{type(exc).__name__}: {exc}", "exception"
 
 
 def evaluate_sample(model, tokenizer, image_processor, row: Any, index: int, max_new_tokens: int,
                     teacher_forcing: bool = True) -> SampleRecord:
     """One row (`grounding.GroundingRow` or `grounding.Sample`) → its record; exceptions land in the record."""
-    record = SampleRecord(index=index, reference=getattr(row, "answer", None), box=getattr(row, "box", None))
-    if getattr(row, "error", None):
-        record.error, record.error_kind = row.error, "dataset"
-        return record
-    start = time.perf_counter()
-    try:
-        record.prediction = generate_answer(model, tokenizer, image_processor, row.image, row.question,
-                                            max_new_tokens)
-        record.predicted_box, parse_error = parse_box(record.prediction)
-        if parse_error:
-            record.error, record.error_kind = parse_error, "parse"
-        elif record.box is not None:
-            record.iou = box_iou(record.predicted_box, record.box)
-        if teacher_forcing and record.reference is not None:
-            inputs = teacher_forced_inputs(tokenizer, image_processor, row.image, row.question, record.reference)
-            record.loss, record.token_accuracy = teacher_forced_scores(model, _on(inputs, first_device(model)))
-    except Exception as exc:  # noqa: BLE001 - a sample that crashes is that sample's failure, not the run's
-        record.error, record.error_kind = f"{type(exc).__name__}: {exc}", "exception"
-    record.seconds = time.perf_counter() - start
-    return record
+    return evaluate_samples(model, tokenizer, image_processor, [row], max_new_tokens,
+                            teacher_forcing=teacher_forcing, first_index=index)[0]
 
 
 def evaluate_samples(model, tokenizer, image_processor, rows: Sequence[Any], max_new_tokens: int = 32,
                      progress: Callable[[int, int, SampleRecord], Any] | None = None,
-                     teacher_forcing: bool = True) -> list[SampleRecord]:
+                     teacher_forcing: bool = True, batch_size: int = 16, first_index: int = 0) -> list[SampleRecord]:
     """Greedy generation (`do_sample=False`) on every row, parsed and scored: one record per row, in order.
-    `progress(done, total, record)` is called after each sample (a notebook's progress bar). The model is put in
-    eval mode for the run and given back in the mode it came in."""
+
+    Rows run `batch_size` at a time (left-padded prompts, one `generate`; the teacher-forced pass right-padded):
+    a tiny model's generation is per-step overhead, so a batch of 16 costs about what one sample did. A batch that
+    raises is run again one sample at a time, so each failure stays with its own row. `progress(done, total,
+    record)` is called for each row in order, as its batch completes; a record's `seconds` is its share of its
+    batch. The model is put in eval mode for the run and given back in the mode it came in."""
+    records = [SampleRecord(index=first_index + i, reference=getattr(row, "answer", None), box=getattr(row, "box", None))
+               for i, row in enumerate(rows)]
     was_training = getattr(model, "training", False)
     model.eval()
-    records = []
+    done = 0
     try:
-        for index, row in enumerate(rows):
-            records.append(evaluate_sample(model, tokenizer, image_processor, row, index, max_new_tokens,
-                                           teacher_forcing))
-            if progress is not None:
-                progress(index + 1, len(rows), records[-1])
+        for start in range(0, len(rows), max(1, batch_size)):
+            chunk = list(zip(records[start:start + batch_size], rows[start:start + batch_size]))
+            clock = time.perf_counter()
+            _evaluate_batch(model, tokenizer, image_processor, chunk, max_new_tokens, teacher_forcing)
+            share = (time.perf_counter() - clock) / len(chunk)
+            for record, _row in chunk:
+                record.seconds = share
+                done += 1
+                if progress is not None:
+                    progress(done, len(rows), record)
     finally:
         model.train(was_training)
     return records
+
+
+def _evaluate_batch(model, tokenizer, image_processor, chunk, max_new_tokens: int, teacher_forcing: bool) -> None:
+    prompts = []  # (record, row, inputs) of the rows that could be turned into model inputs
+    for record, row in chunk:
+        if getattr(row, "error", None):
+            record.error, record.error_kind = row.error, "dataset"
+            continue
+        try:
+            prompts.append((record, row, vlm_inputs(tokenizer, image_processor, row.image, row.question)))
+        except Exception as exc:  # noqa: BLE001 - a sample that crashes is that sample's failure, not the run's
+            _failed(record, exc)
+    if not prompts:
+        return
+    try:
+        answers = generate_answers(model, tokenizer, [inputs for _, _, inputs in prompts], max_new_tokens)
+    except Exception:  # noqa: BLE001 - out of memory, or one bad sample: one at a time, each failure its own
+        answers = None
+        free_memory()
+    generated = []
+    for i, (record, row, inputs) in enumerate(prompts):
+        try:
+            _score_answer(record, answers[i] if answers is not None else
+                          generate_answers(model, tokenizer, [inputs], max_new_tokens)[0])
+            generated.append((record, row))
+        except Exception as exc:  # noqa: BLE001
+            _failed(record, exc)
+    if not teacher_forcing:
+        return
+    forced = []
+    for record, row in generated:
+        if record.reference is None:
+            continue
+        try:
+            forced.append((record, teacher_forced_inputs(tokenizer, image_processor, row.image, row.question,
+                                                         record.reference)))
+        except Exception as exc:  # noqa: BLE001
+            _failed(record, exc)
+    if not forced:
+        return
+    device = first_device(model)
+    try:
+        scores = teacher_forced_batch_scores(model, _on(collate_teacher_forced([i for _, i in forced],
+                                                                               tokenizer.pad_token_id), device))
+    except Exception:  # noqa: BLE001
+        scores = None
+        free_memory()
+    for i, (record, inputs) in enumerate(forced):
+        try:
+            record.loss, record.token_accuracy = (scores[i] if scores is not None
+                                                  else teacher_forced_scores(model, _on(inputs, device)))
+        except Exception as exc:  # noqa: BLE001
+            _failed(record, exc)

@@ -2,7 +2,7 @@
 
     base: ../.cache/demo/qwen2vl-base          # the reference row: the original base, evaluated as is
     dataset: ../.cache/demo/recipes/grounding-eval   # data.jsonl + images (workbench.demo.grounding's format)
-    max_samples: 32                            # optional; max_new_tokens too
+    max_samples: 32                            # optional; max_new_tokens (24) and batch_size (16) too
     recipes:
       - {name: r1-llm-only, path: ../.cache/demo/recipes/r1-llm-only}          # kind from the folder
       - {name: r3-two-stage, path: ../.cache/demo/recipes/r3-stage2, base: …}   # base: override (rarely right)
@@ -21,7 +21,7 @@ from typing import Any
 from workbench.errors import UsageError
 from workbench.report.text import TextRepr
 
-FILE_KEYS = {"base", "dataset", "max_samples", "max_new_tokens", "recipes"}
+FILE_KEYS = {"base", "dataset", "max_samples", "max_new_tokens", "batch_size", "recipes"}
 RECIPE_KEYS = {"name", "path", "base", "kind"}
 
 
@@ -60,6 +60,7 @@ class RecipeList(TextRepr):
     max_samples: int | None = None
     max_new_tokens: int = 24
     source: str = "the command line"
+    batch_size: int = 16  # samples generated together (a batch that fails is retried one sample at a time)
 
     def display(self):
         from workbench.report.display import Code, Display, Paragraph, Table
@@ -117,11 +118,11 @@ def read_recipes(path: str | Path) -> RecipeList:
     names = [r.name for r in recipes]
     if len(set(names)) != len(names):
         raise UsageError(f"recipes file {path}: recipe names must differ (give each a name:); got {names}")
-    for key in ("max_samples", "max_new_tokens"):
+    for key in ("max_samples", "max_new_tokens", "batch_size"):
         if key in data and (not isinstance(data[key], int) or data[key] < 1):
             raise UsageError(f"recipes file {path}: {key} must be a whole number ≥ 1")
     return RecipeList(recipes, _absolute(data.get("base"), folder), _absolute(data.get("dataset"), folder),
-                      data.get("max_samples"), data.get("max_new_tokens", 24), str(path))
+                      data.get("max_samples"), data.get("max_new_tokens", 24), str(path), data.get("batch_size", 16))
 
 
 def recipes_for(target, recipes_path: str | None = None) -> RecipeList:
