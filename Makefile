@@ -53,12 +53,15 @@ census: install
 demo: install
 	$(PY) -m workbench demo
 
+# two workers (pytest-xdist); TEST_WORKERS=0 runs the suite in one process
+TEST_WORKERS ?= 2
+
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 # the inner loop: unit, meta-device and header tests; no notebook run, torchrun, training or browser
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 checks: install
 	$(PY) -m workbench checks

@@ -9,6 +9,13 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on two cores: one thread each, for torch here and for every kernel and torchrun
+    # rank they start (inherited). With torch's default of two threads each, the OpenMP pools spin against each
+    # other: 19.7 min of CPU for what takes 10.4 min in one process.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -113,9 +120,37 @@ def edit_json():
     return edit
 
 
+# Under pytest-xdist (`make test` runs two workers), the tests that need the demo's trained recipes (a minute and a
+# half to train) and the shared demo diagnosis run on one worker: session fixtures are per worker. The controller
+# schedules by node id alone, so they are listed here; collection fails when a test needs the recipes unlisted.
+# (xdist's own `--dist loadgroup` renames node ids through `item._nodeid`, which pytest 9.2 no longer reads.)
+DEMO_RECIPES_TESTS = ("tests/test_browser.py::", "tests/test_recipe_training.py::",
+                      "tests/test_runner.py::test_diagnose_without_ckpt_builds_and_diagnoses_the_demo",
+                      "tests/test_hardening.py::test_checkpoint_folders_are_byte_identical_after_a_diagnosis")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DemoRecipesOnOneWorker(LoadScopeScheduling):
+        """Every test its own unit of work, except the demo-recipes tests: one unit (test_browser.py is collected
+        first, so it is the first unit handed out)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return "demo-recipes" if nodeid.startswith(DEMO_RECIPES_TESTS) else nodeid
+
+    return DemoRecipesOnOneWorker(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    unlisted = [item.nodeid for item in items
+                if "demo_recipes" in item.fixturenames and not item.nodeid.startswith(DEMO_RECIPES_TESTS)]
+    if unlisted:
+        raise pytest.UsageError(f"{unlisted[0]} needs the demo's recipes: add it to DEMO_RECIPES_TESTS in "
+                                "tests/conftest.py, so that pytest-xdist runs it beside the others")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")

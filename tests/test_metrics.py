@@ -87,7 +87,7 @@ def base_parts(demo):
 
     from workbench.model.inputs import load_vlm_parts
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, torch.get_num_threads()))
     tokenizer, image_processor = load_vlm_parts(demo.qwen_base)
     return Qwen2VLForConditionalGeneration.from_pretrained(demo.qwen_base), tokenizer, image_processor
 

@@ -228,7 +228,7 @@ def build_recipes(base_dir: Path, out_dir: Path, *, dataset_dir: Path | None = N
         return paths
     stamp_file.unlink(missing_ok=True)
     threads = torch.get_num_threads()
-    torch.set_num_threads(settings.threads)
+    torch.set_num_threads(min(settings.threads, threads))  # never more than the process was given (OMP_NUM_THREADS)
     try:
         rows = _usable(read_dataset(paths["grounding-train"]), log)
         start = time.perf_counter()

@@ -24,13 +24,14 @@ class Kernel:
     """The diagnosis' kernel. It may start before the report folder exists (the CLI starts it while it still
     validates the target), so its console goes to a private temporary log that `save_log` copies into the report."""
 
-    def __init__(self, name: str = KERNEL_NAME) -> None:
+    def __init__(self, name: str = KERNEL_NAME, warm_up: bool = True) -> None:
         import tempfile
 
         fd, path = tempfile.mkstemp(prefix="workbench-kernel-", suffix=".log")
         os.close(fd)
         self.log_path = Path(path)
         self.name = name
+        self.warm_up = warm_up  # import the stack the workbench's notebooks use as soon as a kernel starts
         self.km = None
         self.started = 0  # kernels started for this diagnosis
         self._log: IO[bytes] | None = None
@@ -52,7 +53,8 @@ class Kernel:
                                   extra_arguments=["--IPKernelApp.log_level=ERROR"])
         self.km = km
         self.started += 1
-        self._warm_up(km)
+        if self.warm_up:
+            self._warm_up(km)
         return km
 
     def _warm_up(self, km) -> None:

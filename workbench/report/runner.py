@@ -243,7 +243,8 @@ def _diagnose(target, reports_dir, only, extra_parameters, echo, notebook_dir, c
     # one kernel, started (and importing the stack) before this process imports papermill; each notebook's HTML is
     # exported in a thread of this process while the kernel runs the next notebook
     exports = ThreadPoolExecutor(max_workers=1) if jobs == 1 else None
-    kernel = early if early is not None and jobs == 1 else Kernel()
+    # notebooks of your own (another notebook_dir) may not need the stack: their kernel is not warmed up with it
+    kernel = early if early is not None and jobs == 1 else Kernel(warm_up=Path(notebook_dir) == NOTEBOOK_DIR)
     if jobs == 1:
         kernel.manager()
 
