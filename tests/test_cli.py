@@ -54,3 +54,25 @@ def test_unusable_reports_dir_exits_2(demo, tmp_path):
     result = workbench("diagnose", demo.llama, "--reports-dir", blocker / "reports")
     assert result.returncode == 2
     assert "cannot create reports folder" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_folder_that_is_no_checkpoint_stops_the_early_kernel_it_started(tmp_path):
+    """diagnose starts its kernel before it validates a local folder; when the folder is refused (exit 2), that
+    kernel is shut down and its temporary log removed — nothing is left running or lying around."""
+    import os
+
+    import psutil
+
+    (tmp_path / "empty").mkdir()
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    before = {p.pid for p in psutil.process_iter()}
+    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(tmp_path / "empty"),
+                             "--reports-dir", str(tmp_path / "reports")], capture_output=True, text=True,
+                            timeout=600, stdin=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temp)})
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "config.json" in result.stderr
+    assert not list(temp.glob("workbench-kernel-*.log"))  # Kernel.close() ran
+    kernels = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.info["pid"] not in before
+               and "ipykernel_launcher" in " ".join(p.info["cmdline"] or [])]
+    assert not kernels, kernels
