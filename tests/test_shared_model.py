@@ -67,3 +67,47 @@ def test_a_new_target_frees_the_old_shared_model(demo, tmp_path):
     prepare_shared(resolve_target(str(demo.llama), gpus=2))
     gc.collect()
     assert ref() is None  # never two resident
+
+
+def run_notebooks(names, tmp_path, **options):
+    """Each notebook's steps in order, in this process, as one kernel of a diagnosis runs them; their findings."""
+    from workbench.catalog import notebook
+
+    findings = {}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        nb = open_notebook(name, findings_path=str(tmp_path / f"{name}.json"), **options)
+        for step in notebook(name).steps:
+            nb.run(step.name)
+        findings[name] = [(f.id, f.verdict, f.title) for f in nb.recorder.findings]
+    return findings
+
+
+def test_a_model_too_big_for_two_copies_is_still_loaded_twice_not_three_times(demo, tmp_path, monkeypatch):
+    """A checkpoint too big to hold twice: notebook 03's wrapping chain needs its own copy, which used to free the
+    shared model and have 03 prepare it again. Told which notebooks run, the first prepare walks the chain first;
+    03 gets that result, with the findings a chain of its own gives, and the model is loaded twice in all."""
+    from workbench.model import shared
+    from workbench.model.loading import LOADS
+
+    names = ("01_dtype_distribution", "02_dataparallel", "03_peft_attributes", "04_forward_checks")
+    options = dict(checkpoint=str(demo.llama), params_json='{"real_quant_max_bytes": 0}')
+    monkeypatch.setattr("workbench.resources.two_copies_fit_easily", lambda target: False)
+    shared.free_shared()
+    loads = len(LOADS)
+    alone = run_notebooks(["03_peft_attributes"], tmp_path / "alone", **options)  # no list: as before, 2 loads
+    assert len(LOADS) == loads + 2
+    shared.free_shared()
+    shared._OWN_COPY_DONE.clear()
+    monkeypatch.setenv(shared.NOTEBOOKS_ENV, ",".join(names))
+    loads = len(LOADS)
+    together = run_notebooks(names, tmp_path / "together", **options)
+    assert len(LOADS) == loads + 2, LOADS[loads:]
+    assert together["03_peft_attributes"] == alone["03_peft_attributes"]
+    shared.free_shared()
+    monkeypatch.setenv(shared.NOTEBOOKS_ENV, "01_dtype_distribution")  # 03 not run: nothing walked ahead of time
+    shared._OWN_COPY_DONE.clear()
+    loads = len(LOADS)
+    run_notebooks(["01_dtype_distribution"], tmp_path / "only01", **options)
+    assert len(LOADS) == loads + 1
+    shared.free_shared()

@@ -139,6 +139,12 @@ def cmd_diagnose(args) -> int:
     # the one kernel imports the stack while this process builds the demo or validates the target (~2 s of
     # transformers); a CKPT that is no folder (a hub id, a typo) gets its error without one
     local = not args.checkpoint or Path(args.checkpoint).expanduser().is_dir()
+    if jobs == 1 and local:
+        from workbench.model.shared import NOTEBOOKS_ENV
+        from workbench.paths import NOTEBOOK_DIR
+        from workbench.report.runner import find_notebooks
+
+        os.environ[NOTEBOOKS_ENV] = ",".join(nb.stem for nb in find_notebooks(NOTEBOOK_DIR, only=args.notebooks))
     kernel = start_kernel() if jobs == 1 and local else None
     try:
         target = _diagnosis_target(args)

@@ -12,6 +12,8 @@ and the panel.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import os
 from pathlib import Path
@@ -66,13 +68,18 @@ class NotebookSession(TextRepr):
         step = self.spec.step(name)
         args = [self._value(a) for a in step.args]
         kwargs = {k: self._value(v) for k, v in step.kwargs.items()}
+        function = step.function()
         if step.own_model:
-            from workbench.model.shared import make_room_for_a_copy
+            from workbench.model.shared import make_room_for_a_copy, own_copy_step_ran
 
-            make_room_for_a_copy(self.target)
+            early = own_copy_step_ran(self.target, step.probe)
+            if early is not None:  # run before the shared model was prepared (a model too big for two copies)
+                function = functools.wraps(function)(lambda *_args, **_kwargs: early)
+            else:
+                make_room_for_a_copy(self.target)
         prepared = self.results.get("prepared") if step.mutates else None
         with _guarded(prepared):
-            result = self.recorder.run(step.function(), *args, **kwargs)
+            result = self.recorder.run(function, *args, **kwargs)
         self.results[name] = result
         self._record_cost()
         return result

@@ -9,8 +9,16 @@ one sees it as the set-up returned it. A new target frees the old model first (n
 from __future__ import annotations
 
 import json
+import os
 
 _SHARED: dict[str, object] = {}
+# A model too big for two copies is never resident twice, so a step that loads its own copy (notebook 03's
+# wrapping chain) used to free the shared model and have the next notebook prepare it again: one load more. When
+# the runner says which notebooks this diagnosis runs (NOTEBOOKS_ENV), the first prepare runs those own-copy steps
+# first and keeps their results here for their notebook (`take_early_result`).
+NOTEBOOKS_ENV = "WORKBENCH_NOTEBOOKS"
+_EARLY: dict[tuple[str, str], object] = {}  # (target key, probe) -> result, computed before the shared model
+_OWN_COPY_DONE: set[tuple[str, str]] = set()  # own-copy steps already run for a target in this process
 
 
 def _key(target) -> str:
@@ -26,6 +34,7 @@ def prepare_shared(target):
     if key in _SHARED:
         return _SHARED[key]
     free_shared()
+    _run_own_copy_steps_first(target, key)
     loads_before = len(LOADS)
     prepared = prepare_model(target)
     if len(LOADS) == loads_before:  # a set-up of the user's that called from_pretrained itself
@@ -33,6 +42,39 @@ def prepare_shared(target):
                       "by": f"set-up {target.setup}"})
     _SHARED[key] = prepared
     return prepared
+
+
+def _own_copy_steps_ahead(key: str) -> list:
+    """The own-copy steps (catalog `own_model`, taking only the target) of the notebooks this diagnosis runs that
+    have not run yet for this target."""
+    from workbench.catalog import NOTEBOOKS
+
+    names = set(filter(None, os.environ.get(NOTEBOOKS_ENV, "").split(",")))
+    return [step for spec in NOTEBOOKS if spec.name in names for step in spec.steps
+            if step.own_model and tuple(step.args) == ("target",) and not step.kwargs
+            and (key, step.probe) not in _OWN_COPY_DONE]
+
+
+def _run_own_copy_steps_first(target, key: str) -> None:
+    from workbench.resources import two_copies_fit_easily
+
+    steps = _own_copy_steps_ahead(key)
+    if not steps or two_copies_fit_easily(target):
+        return
+    for step in steps:
+        try:
+            _EARLY[(key, step.probe)] = step.function()(target)
+        except Exception:  # noqa: BLE001 - it runs again in its own notebook, where its error is recorded
+            pass
+        _OWN_COPY_DONE.add((key, step.probe))
+
+
+def own_copy_step_ran(target, probe: str) -> object | None:
+    """Called by a notebook as it runs an own-copy step: that step's early result if there is one (it is handed
+    over once), else None — and either way the step counts as run for this target."""
+    key = _key(target)
+    _OWN_COPY_DONE.add((key, probe))
+    return _EARLY.pop((key, probe), None)
 
 
 def make_room_for_a_copy(target) -> None:

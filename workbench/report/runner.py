@@ -231,6 +231,24 @@ def _diagnose(target, reports_dir, only, extra_parameters, echo, notebook_dir, c
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     os.environ["WORKBENCH_BATCH"] = "1"  # probes print plain progress lines instead of widgets
     notebooks = find_notebooks(Path(notebook_dir), only=only)
+    # which notebooks run: kernels started from here on read it (workbench.model.shared runs the own-copy steps of
+    # these notebooks before it prepares a model too big for two copies); the caller's environment is given back
+    from workbench.model.shared import NOTEBOOKS_ENV
+
+    outer = os.environ.get(NOTEBOOKS_ENV)
+    os.environ[NOTEBOOKS_ENV] = ",".join(nb.stem for nb in notebooks)
+    try:
+        return _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, notebook_dir, cell_timeout,
+                              jobs, early, kernel_python)
+    finally:
+        if outer is None:
+            os.environ.pop(NOTEBOOKS_ENV, None)
+        else:
+            os.environ[NOTEBOOKS_ENV] = outer
+
+
+def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, notebook_dir, cell_timeout, jobs, early,
+                   kernel_python):
     now = dt.datetime.now().astimezone()
     temp, final = new_report_folder(Path(reports_dir).resolve(), target.name, now)
     parameters = notebook_parameters(target, extra_parameters)
