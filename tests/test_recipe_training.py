@@ -129,3 +129,10 @@ def test_every_recipe_beats_its_base(scores, name):
 def test_the_two_stage_adapter_scores_lower_on_the_wrong_base(scores):
     right, wrong = scores["r3-stage2"], scores["r3-stage2 on grounding-base"]
     assert wrong["mean_iou"] < right["mean_iou"] - 0.1, (right, wrong)
+
+
+def test_the_cli_can_tell_whether_notebook_05_must_train_the_recipes(demo_recipes, tmp_path):
+    from workbench.demo.build import demo_recipes_ready
+
+    assert demo_recipes_ready(demo_recipes.root.parent)  # the session's demo: trained
+    assert not demo_recipes_ready(tmp_path / "demo")  # a fresh demo: notebook 05 would train them first

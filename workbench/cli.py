@@ -139,13 +139,7 @@ def cmd_diagnose(args) -> int:
     # the one kernel imports the stack while this process builds the demo or validates the target (~2 s of
     # transformers); a CKPT that is no folder (a hub id, a typo) gets its error without one
     local = not args.checkpoint or Path(args.checkpoint).expanduser().is_dir()
-    if jobs == 1 and local:
-        from workbench.model.shared import NOTEBOOKS_ENV
-        from workbench.paths import NOTEBOOK_DIR
-        from workbench.report.runner import find_notebooks
-
-        os.environ[NOTEBOOKS_ENV] = ",".join(nb.stem for nb in find_notebooks(NOTEBOOK_DIR, only=args.notebooks))
-    kernel = start_kernel() if jobs == 1 and local else None
+    kernel = start_kernel(only=args.notebooks) if jobs == 1 and local else None
     try:
         target = _diagnosis_target(args)
     except BaseException:
@@ -171,7 +165,11 @@ def _diagnosis_target(args):
     options, demo = with_demo_fallback({"checkpoint": args.checkpoint, "quant": args.quant, "setup": args.setup,
                                         "gpus": args.gpus, "params_json": json.dumps(load_params(args.params))})
     if demo:
+        from workbench.demo.build import demo_recipes_ready
+
         print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({options['checkpoint']})")
+        if not demo_recipes_ready():
+            print("notebook 05 first trains the demo's recipes (once, about 2.5 min on 2 cores)")
     params = json.loads(options["params_json"])
     if args.recipes:
         from workbench.probes.evaluation.recipes import read_recipes

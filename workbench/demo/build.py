@@ -210,6 +210,17 @@ class DemoRecipes:
 RECIPE_ORDER = ("r1-llm-only", "r2-vision-only", "r3-stage2", "r4-joint")
 
 
+def _recipes_stamp(paths: DemoPaths) -> tuple[Path, str]:
+    # recipe_training keeps its own RECIPES_STAMP.json beside this one
+    return paths.root / "recipes" / "DEMO_RECIPES_STAMP.json", _stamp(paths.root) + "/recipes-1"
+
+
+def demo_recipes_ready(root: str | Path | None = None) -> bool:
+    """Whether the demo's recipes are trained (for these library versions): notebook 05 need not train them."""
+    stamp_file, stamp = _recipes_stamp(build_demo(root))
+    return stamp_file.exists() and stamp_file.read_text() == stamp
+
+
 def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=print) -> DemoRecipes:
     """The seeds' four recipe shapes, trained for real on the CPU on the synthetic grounding task (a few minutes
     once; cached under its own stamp beside the demo), with the recipes file notebook 05 evaluates."""
@@ -219,9 +230,8 @@ def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=
 
     paths = build_demo(root)
     target = paths.root / "recipes"
-    stamp_file = target / "DEMO_RECIPES_STAMP.json"  # recipe_training keeps its own RECIPES_STAMP.json
-    stamp = _stamp(paths.root) + "/recipes-1"
-    if not force and stamp_file.exists() and stamp_file.read_text() == stamp:
+    stamp_file, stamp = _recipes_stamp(paths)
+    if not force and demo_recipes_ready(root):
         return DemoRecipes(target)
     building = Path(tempfile.mkdtemp(prefix="recipes.building-", dir=paths.root))
     try:

@@ -42,6 +42,7 @@ class _PromoteHalfProducts(TorchDispatchMode):
         super().__init__()
         self.dtypes = dtypes
         self.promoted = 0  # products computed in fp32
+        self.promoted_dtypes: set[torch.dtype] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -50,6 +51,7 @@ class _PromoteHalfProducts(TorchDispatchMode):
             dtype = tensors[0].dtype
             if dtype in self.dtypes and all(t.dtype == dtype and t.device.type == "cpu" for t in tensors):
                 self.promoted += 1
+                self.promoted_dtypes.add(dtype)
                 wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
                 return func(*wide, **kwargs).to(dtype)
         return func(*args, **kwargs)
@@ -72,6 +74,6 @@ def describe(mode) -> str | None:
     """For a finding's evidence: what was promoted, and why."""
     if mode is None or not mode.promoted:
         return None
-    names = "/".join(str(d).removeprefix("torch.") for d in mode.dtypes)
+    names = "/".join(sorted(str(d).removeprefix("torch.") for d in mode.promoted_dtypes))
     return (f"{mode.promoted} {names} matrix products of the backward computed in fp32 and rounded back: this CPU has "
             f"no native {names} GEMM (torch {torch.__version__.split('+')[0]}, pytorch/pytorch#146508)")

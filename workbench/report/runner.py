@@ -9,6 +9,7 @@ whole, and two runs started in the same second get different folders.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -203,13 +204,33 @@ def parallel_jobs(target: Target, notebooks: int) -> int:
     return jobs if two_copies_fit_easily(target) else 1
 
 
-def start_kernel() -> Kernel:
+def start_kernel(only: list[str] | None = None) -> Kernel:
     """The diagnosis' one kernel, started now: the stack's imports in it overlap the caller's own work (the CLI
-    starts it before validating the target). Hand it to `diagnose(kernel=...)`, or `close()` it."""
+    starts it before validating the target). `only`: the notebooks `diagnose` will run (as its `only=`), which the
+    kernel is told. Hand it to `diagnose(kernel=...)`, or `close()` it."""
     ensure_kernel()
-    kernel = Kernel()
-    kernel.manager()
+    with announced(find_notebooks(NOTEBOOK_DIR, only=only)):
+        kernel = Kernel()
+        kernel.manager()
     return kernel
+
+
+@contextlib.contextmanager
+def announced(notebooks: list[Path]):
+    """Within the block, kernels that start are told which notebooks this diagnosis runs (workbench.model.shared runs
+    the own-copy steps of these notebooks before it prepares a model too big for two copies); the caller's
+    environment is given back after."""
+    from workbench.model.shared import NOTEBOOKS_ENV
+
+    outer = os.environ.get(NOTEBOOKS_ENV)
+    os.environ[NOTEBOOKS_ENV] = ",".join(nb.stem for nb in notebooks)
+    try:
+        yield
+    finally:
+        if outer is None:
+            os.environ.pop(NOTEBOOKS_ENV, None)
+        else:
+            os.environ[NOTEBOOKS_ENV] = outer
 
 
 def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
@@ -231,20 +252,9 @@ def _diagnose(target, reports_dir, only, extra_parameters, echo, notebook_dir, c
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     os.environ["WORKBENCH_BATCH"] = "1"  # probes print plain progress lines instead of widgets
     notebooks = find_notebooks(Path(notebook_dir), only=only)
-    # which notebooks run: kernels started from here on read it (workbench.model.shared runs the own-copy steps of
-    # these notebooks before it prepares a model too big for two copies); the caller's environment is given back
-    from workbench.model.shared import NOTEBOOKS_ENV
-
-    outer = os.environ.get(NOTEBOOKS_ENV)
-    os.environ[NOTEBOOKS_ENV] = ",".join(nb.stem for nb in notebooks)
-    try:
+    with announced(notebooks):
         return _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, notebook_dir, cell_timeout,
                               jobs, early, kernel_python)
-    finally:
-        if outer is None:
-            os.environ.pop(NOTEBOOKS_ENV, None)
-        else:
-            os.environ[NOTEBOOKS_ENV] = outer
 
 
 def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, notebook_dir, cell_timeout, jobs, early,
