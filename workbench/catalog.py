@@ -251,7 +251,8 @@ CHECKS: tuple[Check, ...] = (
        **{"pass": "every trainable tensor gets a gradient (lora_A zero while lora_B is zero is normal)",
           "info": "the rest belong to modules whose output never reaches the loss (CLIP's post_layernorm under "
                   "LLaVA)",
-          "fail": "trainable tensors get none; the cause named", "error": "the step itself crashed",
+          "fail": "trainable tensors get none, or 4-bit layers were handed over packed for CPU inference; the "
+                  "cause named", "error": "the step itself crashed",
           "skip": "nothing trainable"}),
     _c("forward.mixed_precision_buffers", "04_forward_checks",
        "With FSDP-style mixed precision (parameters cast, buffers not), does a buffer promote activations?",

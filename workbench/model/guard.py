@@ -6,15 +6,17 @@
 
 `restored` keeps the tensor objects themselves (not copies: no memory cost, no precision lost by casting back), the
 requires_grad flags, every module's train/eval mode, and clears gradients. One change is not a tensor swap:
-bitsandbytes (0.50) repacks a 4-bit weight for its CPU inference kernel during an eval forward without grad, and a
-training step on the repacked weight then fails; it is undone with bitsandbytes' own inverse, as its
-`Linear4bit._save_to_state_dict` does.
+bitsandbytes repacks a 4-bit weight for its CPU inference kernel during an eval forward without grad (see
+`workbench.model.bnb_cpu_layout`, which keeps the models we prepare from doing so); a model prepared elsewhere is
+put back in the training layout on entry and on exit, with bitsandbytes' own inverse.
 """
 
 from __future__ import annotations
 
 import contextlib
 from typing import Iterator
+
+from workbench.model.bnb_cpu_layout import unpack_cpu_inference
 
 
 def model_fingerprint(model) -> dict[str, tuple]:
@@ -40,14 +42,14 @@ def _storage(t) -> int:
 @contextlib.contextmanager
 def restored(model) -> Iterator[None]:
     """Run the block, then put back every parameter's and buffer's tensor, requires_grad and train mode."""
-    _unpack_cpu_4bit(model)  # record the canonical layout, whatever an earlier unguarded forward did
+    unpack_cpu_inference(model)  # record the training layout, whatever an earlier unguarded forward did
     params = [(p, p.data, p.requires_grad) for p in _unique(model.parameters())]
     buffers = [(m, name, b) for m in model.modules() for name, b in m._buffers.items() if b is not None]
     modes = [(m, m.training) for m in model.modules()]
     try:
         yield
     finally:
-        _unpack_cpu_4bit(model)
+        unpack_cpu_inference(model)
         for p, data, requires_grad in params:
             if p.data is not data:
                 p.data = data
@@ -67,12 +69,3 @@ def _unique(tensors):
             seen.add(id(t))
             yield t
 
-
-def _unpack_cpu_4bit(model) -> None:
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        state = getattr(weight, "quant_state", None)
-        if state is not None and getattr(state, "packing_format_for_cpu", False):
-            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
-
-            weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, state)

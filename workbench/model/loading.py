@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 
 from workbench.errors import UsageError
+from workbench.model.bnb_cpu_layout import keep_training_layout
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -158,6 +159,8 @@ def load_pretrained(folder: str | Path, *, quant: str = "none", dtype: torch.dty
     model = _from_pretrained(folder, quant=quant, dtype=dtype, device_map=device_map, max_memory=max_memory,
                              trust_remote_code=trust_remote_code, allow_pickle=allow_pickle,
                              attn_implementation=attn_implementation)
+    if quant != "none":
+        keep_training_layout(model)  # eval forwards must not repack 4-bit weights for CPU inference (bnb_cpu_layout)
     LOADS.append({"folder": str(folder), "quant": quant, "seconds": round(time.perf_counter() - start, 3)})
     return model
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from workbench.errors import UsageError
+from workbench.model.bnb_cpu_layout import keep_training_layout, packed_for_cpu_inference
 from workbench.model.loading import load_pretrained, load_processor, parse_dtype
 from workbench.report.text import TextRepr
 
@@ -171,6 +172,9 @@ class PreparedModel(TextRepr):
     setup: str
     description: str
     trainer: Any = None  # the Trainer the set-up returned, if it returned one
+    # 4-bit layers the set-up returned in bitsandbytes' CPU inference layout (an eval forward without grad ran in
+    # it): a training step on them sends no gradient back. Unpacked before any probe runs; grad.flow names them.
+    packed_at_setup: list[str] = dataclasses.field(default_factory=list)
 
     def display(self):
         from workbench.report.display import Code, Display, Paragraph
@@ -201,13 +205,15 @@ def prepare_model(target) -> PreparedModel:
         processor = processor or getattr(trainer, "processing_class", None)
     if processor is None:
         processor = load_processor(target.model_dir)
+    packed_at_setup = packed_for_cpu_inference(model)
+    keep_training_layout(model)
     n_params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     description = (f"{type(model).__name__} with {n_params:,} parameter elements ({trainable:,} trainable), "
                    f"quantization {target.quant}, processor {type(processor).__name__ if processor else 'none'}")
     if trainer is not None:
         description += f", inside the {type(trainer).__name__} your set-up returned"
-    return PreparedModel(model, processor, target.setup, description, trainer)
+    return PreparedModel(model, processor, target.setup, description, trainer, packed_at_setup)
 
 
 def is_trainer(obj: Any) -> bool:

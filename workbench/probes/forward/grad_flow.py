@@ -18,6 +18,8 @@ from torch import nn
 
 from workbench.model.components import ComponentClassifier, unwrap_model
 from workbench.findings import Finding
+from workbench.model.bnb_cpu_layout import (bitsandbytes_version, held_layout_note, keep_training_layout,
+                                            packed_for_cpu_inference, packed_training_fix)
 from workbench.report.text import TextRepr
 
 WRAPPER_PREFIXES = re.compile(r"^(module\.)*(base_model\.model\.)?")
@@ -63,6 +65,8 @@ class GradFlowResult(TextRepr):
     inputs_how: str = ""
     unused: list[str] = dataclasses.field(default_factory=list)  # trainable tensors whose module never ran
     backward_kernels: str | None = None  # set when half-precision products were computed in fp32 (CPU only)
+    packed_for_inference: list[str] = dataclasses.field(default_factory=list)  # 4-bit layers handed over packed
+    layout_note: str | None = None  # set when bitsandbytes' CPU inference repack was held back for the diagnosis
 
     def to_frame(self):
         import pandas as pd
@@ -96,6 +100,10 @@ class GradFlowResult(TextRepr):
                                     "inputs": self.inputs_how, "never_run": self.unused[:40]}
         if self.backward_kernels:
             evidence["backward_kernels"] = self.backward_kernels
+        if self.layout_note:
+            evidence["bitsandbytes_cpu_layout"] = self.layout_note
+        if self.packed_for_inference and not self.error:
+            return [self._packed_finding(evidence)]
         if self.error:
             cause, fix = self._cause([])
             known = "does not require grad" in self.error
@@ -130,6 +138,23 @@ class GradFlowResult(TextRepr):
                            f"architecture (e.g. {self.unused[0]}): they cannot learn — freeze them, or under DDP "
                            "pass find_unused_parameters=True" if unused else "")
                         + (f". Inputs: {self.inputs_how}" if self.inputs_how else ""), evidence)]
+
+    def _packed_finding(self, evidence: dict[str, Any]) -> Finding:
+        names = self.packed_for_inference
+        evidence = {**evidence, "packed_for_cpu_inference": names[:40], "bitsandbytes": bitsandbytes_version()}
+        step = self.findings_after_unpacking()
+        return Finding("grad.flow", "fail",
+                       f"{len(names)} 4-bit layers were handed to training packed for CPU inference: no gradient "
+                       f"flows back through them, e.g. {names[0]}",
+                       f"bitsandbytes {bitsandbytes_version()} repacked these weights for its AVX-512 bf16 CPU "
+                       "inference kernel during an eval forward without grad (an evaluation loop before training "
+                       "does it); its gemv_4bit has no autograd kernel, so a training step after that leaves every "
+                       "LoRA before these layers without a gradient. The step here ran after putting them back in "
+                       f"the training layout: {step.title.lower()}.", evidence, packed_training_fix(names))
+
+    def findings_after_unpacking(self) -> Finding:
+        """The verdict of the step itself, which ran on the training layout."""
+        return dataclasses.replace(self, packed_for_inference=[]).findings()[0]
 
     def display(self):
         import pandas as pd
@@ -172,6 +197,10 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
     model = prepared.model
     if not any(p.requires_grad for p in model.parameters()):  # e.g. an adapter loaded for inference (plain)
         return GradFlowResult([], None, None, _checkpointing_state(model), False, "no step run: nothing trainable")
+    # weights a set-up (or an earlier unguarded eval forward) left in bitsandbytes' CPU inference layout: named,
+    # then put back, so the step below measures what training gets once that is fixed
+    packed = list(getattr(prepared, "packed_at_setup", ())) or packed_for_cpu_inference(model)
+    keep_training_layout(model)
     inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
     inputs = with_labels(model, inputs)
     how = f"{how}; {labels_how(model, inputs)}"
@@ -244,4 +273,4 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
             rows.append(GradRow(normalize_name(name), component, role, status, norm, expected))
     model.zero_grad(set_to_none=True)
     return GradFlowResult(rows, loss_value, error, _checkpointing_state(model), has_pixels, how, unused,
-                          describe(promoted))
+                          describe(promoted), packed, held_layout_note(model))

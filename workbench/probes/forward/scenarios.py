@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from workbench.findings import Finding
+from workbench.model.bnb_cpu_layout import held_layout_note, keep_training_layout
 from workbench.probes.dtype.tracer import DtypeTracer
 from workbench.report.text import TextRepr
 
@@ -146,6 +147,7 @@ class ForwardResult(TextRepr):
     flow: list[dict[str, Any]]
     failing_module: str | None = None  # innermost module that raised in the traced cell
     layers_ran: bool = True  # did any module holding a weight finish in the traced cell?
+    layout_note: str | None = None  # set when bitsandbytes' CPU inference repack was held back for the diagnosis
 
     def to_frame(self):
         import pandas as pd
@@ -176,6 +178,8 @@ class ForwardResult(TextRepr):
                     for i in ("forward.scenarios", "forward.dtype_flow")]
         evidence = {"inputs": self.inputs_how, "compute_dtype": self.compute_dtype,
                     "cells": [c.as_row() for c in self.cells]}
+        if self.layout_note:
+            evidence["bitsandbytes_cpu_layout"] = self.layout_note
         fix = fix_for(self.diagnosis)
         if failed:
             by_error: dict[str, list[str]] = {}
@@ -192,7 +196,8 @@ class ForwardResult(TextRepr):
             scenarios = Finding("forward.scenarios", "pass", f"All {len(self.cells)} forward scenarios pass",
                                 f"Inputs: {self.inputs_how}; outputs {self.cells[0].dtype if self.cells else '-'}.",
                                 evidence)
-        flow_evidence = {"traced": self.traced_cell, "diagnosis": self.diagnosis, "flow": self.flow}
+        flow_evidence = {"traced": self.traced_cell, "diagnosis": self.diagnosis, "flow": self.flow,
+                         **({"bitsandbytes_cpu_layout": self.layout_note} if self.layout_note else {})}
         traced_error = next((c.error for c in failed if c.label == self.traced_cell), None) or ""
         if self.diagnosis and self.diagnosis["raised"] and DTYPE_ERROR.search(traced_error):
             flow = Finding("forward.dtype_flow", "fail", self.diagnosis["summary"],
@@ -270,6 +275,7 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
     from workbench.probes.dtype.islands import compute_dtype_of
 
     model = prepared.model
+    keep_training_layout(model)  # the eval cells must not repack 4-bit weights the train cells then run on
     compute = compute_dtype_of(model)
     inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
     inputs = with_labels(model, inputs)
@@ -289,4 +295,5 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
     failing_call = tracer.failing_call()
     return ForwardResult(cells, how, str(compute).removeprefix("torch."), chosen.label, tracer.diagnosis(),
                          tracer.flow(), failing_call.path if failing_call else None,
-                         any(c.weight is not None and c.outputs is not None for c in tracer.calls))
+                         any(c.weight is not None and c.outputs is not None for c in tracer.calls),
+                         held_layout_note(model))
