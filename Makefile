@@ -25,7 +25,7 @@ DIAGNOSE_ARGS := $(CKPT) \
 	$(if $(DISTRIBUTED),--distributed $(DISTRIBUTED)) $(if $(DATA),--data $(DATA)) \
 	--reports-dir $(REPORTS)
 
-.PHONY: install diagnose census checks demo test test-fast lab bench clean
+.PHONY: install diagnose census checks docs demo test test-fast lab bench clean
 
 install: $(STAMP)
 
@@ -65,6 +65,10 @@ test-fast: install
 
 checks: install
 	$(PY) -m workbench checks
+
+# the README's catalog table and docs/checks.md, generated from workbench/catalog.py (a test keeps them equal)
+docs: install
+	$(PY) -m workbench.catalog_docs
 
 bench: install
 	$(PY) bench/run.py

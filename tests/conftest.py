@@ -25,6 +25,17 @@ from workbench.runtime import quiet_and_offline  # noqa: E402
 quiet_and_offline()
 
 
+@pytest.fixture(autouse=True)
+def isolated_shared_model():
+    """Each test starts with no shared model, no early results and no recorded loads of an earlier test."""
+    yield
+    from workbench.model import shared
+    from workbench.model.loading import LOADS
+
+    shared.reset()
+    LOADS.clear()
+
+
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> DemoPaths:
     """The bundled demo, built once per test session into a temporary cache."""

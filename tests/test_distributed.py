@@ -134,9 +134,10 @@ def test_gradient_agreement_names_the_tensor_a_rank_disagrees_on():
 
 
 def test_not_asked_and_too_big_are_skips_that_launch_nothing(demo):
-    from workbench.catalog import checks_reported_by
+    from workbench.catalog import check
 
-    assert checks_reported_by(distributed_probe) == ("distributed.ddp", "distributed.fsdp")
+    assert check("distributed.ddp").probes == check("distributed.fsdp").probes == (
+        "workbench.distributed.probes:distributed_probe",)
     found = verdicts(distributed_probe(resolve_target(str(demo.llama)), ranks=0))
     assert {f.verdict for f in found.values()} == {"skip"} and "--distributed" in found["distributed.ddp"].fix
     tight = resolve_target(str(demo.llama), params={"memory_limit_bytes": 100_000})

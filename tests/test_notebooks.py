@@ -71,7 +71,7 @@ def test_the_catalog_is_consistent():
                     assert ref.rstrip("?") in seen, (nb.name, step.name, ref)
             assert callable(step.function()), step.probe
             seen.add(step.name)
-        reported = {c for s in nb.steps for c in workbench.catalog.checks_reported_by(s.function())}
+        reported = {c for s in nb.steps for c in s.reports}
         assert reported == set(nb.checks), nb.name  # every check of the notebook is answered by one of its steps
 
 

@@ -10,21 +10,16 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from workbench.report.runner import diagnose, new_report_folder
+from workbench.catalog import CHECKS, notebook
 from workbench.model.target import resolve_target
+from workbench.report.runner import diagnose, new_report_folder
 
 CONTRACT_KEYS = {"schema_version", "run_id", "created", "target", "environment", "notebooks", "findings"}
-NOTEBOOK_00_CHECKS = {"adapter.weights", "adapter.targets", "tokenizer.vocab", "tokenizer.special_tokens",
-                      "config.tied_embeddings", "config.quantization", "config.generation"}
-NOTEBOOK_01_CHECKS = {"checkpoint.integrity", "dtype.census", "dtype.quantized_census", "dtype.fp32_islands"}
-NOTEBOOK_02_CHECKS = {"parallel.trainer_wrap", "parallel.device_map"}
-NOTEBOOK_03_CHECKS = {"peft.attributes", "peft.layer_status"}
-NOTEBOOK_04_CHECKS = {"grad.flow", "forward.mixed_precision_buffers", "forward.scenarios", "forward.dtype_flow"}
-NOTEBOOK_05_CHECKS = {"eval.metrics", "eval.memory", "adapter.base_model", "placement.offload"}
-NOTEBOOK_06_CHECKS = {"distributed.ddp", "distributed.fsdp"}
-NOTEBOOK_07_CHECKS = {"data.labels", "data.eos", "data.truncation", "data.template"}
-ALL_CHECKS = (NOTEBOOK_00_CHECKS | NOTEBOOK_01_CHECKS | NOTEBOOK_02_CHECKS | NOTEBOOK_03_CHECKS | NOTEBOOK_04_CHECKS
-              | NOTEBOOK_05_CHECKS | NOTEBOOK_06_CHECKS | NOTEBOOK_07_CHECKS)
+ALL_CHECKS = {c.id for c in CHECKS}
+
+
+def checks_of(notebook_name: str) -> set[str]:
+    return set(notebook(notebook_name).checks)
 
 
 def run_cli(*args, cwd=None, env=None):
@@ -60,7 +55,7 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, 
     assert wrap["verdict"] == "warn" and "136 → 68" in wrap["title"] and "BFloat16" in wrap["detail"]
     assert [n["status"] for n in report["notebooks"]] == ["ok"] * 8
     # notebook 00: the demo's saved files are healthy (its seeds' story is in the set-up, not in the files)
-    assert {verdicts[c] for c in NOTEBOOK_00_CHECKS - {"adapter.targets"}} == {"pass"}
+    assert {verdicts[c] for c in checks_of("00_saved_files") - {"adapter.targets"}} == {"pass"}
     assert verdicts["adapter.targets"] == "info"
     # the seeds' configuration (fp32 norms, bf16 lm_head) fails without autocast and in the replica thread
     assert verdicts["forward.scenarios"] == "fail" and verdicts["forward.dtype_flow"] == "fail"
@@ -99,7 +94,7 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, 
     assert "IPKernelApp" not in result.stdout + result.stderr and (folder / "kernel.log").exists()
     assert "model loads" in index
     # notebook 07 is not asked for without --data: each check says skip, and how to give the data
-    assert {verdicts[c] for c in NOTEBOOK_07_CHECKS} == {"skip"}
+    assert {verdicts[c] for c in checks_of("07_data_path")} == {"skip"}
     assert "--data FILE" in next(f for f in report["findings"] if f["id"] == "data.labels")["detail"]
 
 

@@ -84,7 +84,7 @@ def run_notebooks(names, tmp_path, **options):
 
 
 def test_a_model_too_big_for_two_copies_is_still_loaded_twice_not_three_times(demo, tmp_path, monkeypatch):
-    """A checkpoint too big to hold twice: notebook 03's wrapping chain needs its own copy, which used to free the
+    """A checkpoint too big to hold twice: notebook 03's wrapping chain needs its own copy, which would free the
     shared model and have 03 prepare it again. Told which notebooks run, the first prepare walks the chain first;
     03 gets that result, with the findings a chain of its own gives, and the model is loaded twice in all."""
     from workbench.model import shared
@@ -95,10 +95,9 @@ def test_a_model_too_big_for_two_copies_is_still_loaded_twice_not_three_times(de
     monkeypatch.setattr("workbench.resources.two_copies_fit_easily", lambda target: False)
     shared.free_shared()
     loads = len(LOADS)
-    alone = run_notebooks(["03_peft_attributes"], tmp_path / "alone", **options)  # no list: as before, 2 loads
+    alone = run_notebooks(["03_peft_attributes"], tmp_path / "alone", **options)  # no list of notebooks: 2 loads
     assert len(LOADS) == loads + 2
-    shared.free_shared()
-    shared._OWN_COPY_DONE.clear()
+    shared.reset()
     monkeypatch.setenv(shared.NOTEBOOKS_ENV, ",".join(names))
     loads = len(LOADS)
     together = run_notebooks(names, tmp_path / "together", **options)
@@ -106,7 +105,7 @@ def test_a_model_too_big_for_two_copies_is_still_loaded_twice_not_three_times(de
     assert together["03_peft_attributes"] == alone["03_peft_attributes"]
     shared.free_shared()
     monkeypatch.setenv(shared.NOTEBOOKS_ENV, "01_dtype_distribution")  # 03 not run: nothing walked ahead of time
-    shared._OWN_COPY_DONE.clear()
+    shared.reset()
     loads = len(LOADS)
     run_notebooks(["01_dtype_distribution"], tmp_path / "only01", **options)
     assert len(LOADS) == loads + 1

@@ -4,12 +4,14 @@
     check("grad.flow").verdicts["skip"]      # 'nothing trainable'
     notebook("04_forward_checks").checks     # ('grad.flow', 'forward.mixed_precision_buffers', ...)
 
-Everything else derives from here or is tested against it: the recorder learns which checks a probe answers
-(`checks_reported_by`), the runner turns every declared check a notebook never reported into an `error`, each
-notebook runs its steps by name (`nb.run("static")`), the panel runs the same steps, `python -m workbench checks`
-prints the catalog and the README's catalog table is its `--markdown` output (a test keeps them equal).
-
-Probes are named as "module:function" strings so reading the catalog imports neither torch nor transformers.
+Each name is written once. A step names its probe ("module:function", so reading the catalog imports neither torch
+nor transformers) and the checks it reports (`reports=`); a check's probes are derived from the steps. Everything
+else derives from here or is tested against it: the recorder is told each step's checks (a crash becomes an `error`
+on them; a finding the catalog does not declare is refused), the runner turns every declared check a notebook never
+reported into an `error`, each notebook runs its steps by name or by function (`nb.run("static")`), the panel runs
+the same steps, `python -m workbench checks` prints the catalog (`--where ID`: the probe's file and line, its result
+class and its tests), and the README's catalog table and docs/checks.md are generated from it (`make docs`; a test
+keeps them equal).
 """
 
 from __future__ import annotations
@@ -27,11 +29,21 @@ class Check:
     notebook: str
     question: str
     verdicts: Mapping[str, str]  # verdict -> what it means for this check
-    probes: tuple[str, ...]  # "module:function" of each probe that reports it
+    detail: str = ""  # what the probe examines and how, for docs/checks.md (markdown)
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The steps that report this check (a step declares it in `reports`)."""
+        return tuple(s for nb in NOTEBOOKS for s in nb.steps if self.id in s.reports)
+
+    @property
+    def probes(self) -> tuple[str, ...]:
+        """"module:function" of each probe that reports it, derived from the steps."""
+        return tuple(dict.fromkeys(s.probe for s in self.steps))
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "notebook": self.notebook, "question": self.question,
-                "verdicts": dict(self.verdicts), "probes": list(self.probes)}
+                "verdicts": dict(self.verdicts), "detail": self.detail, "probes": list(self.probes)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +62,7 @@ class Step:
     kwargs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     own_model: bool = False  # loads and frees its own copy: run before the shared model is prepared
     mutates: bool = False  # changes the shared model (a training step, a cast, a wrap): run under guard.restored
+    reports: tuple[str, ...] = ()  # the check ids its result's findings answer
 
     def function(self) -> Callable[..., Any]:
         return resolve_probe(self.probe)
@@ -67,16 +80,23 @@ class NotebookSpec:
     def checks(self) -> tuple[str, ...]:
         return tuple(c.id for c in CHECKS if c.notebook == self.name)
 
-    def step(self, name: str) -> Step:
+    def step(self, name: str | Callable[..., Any]) -> Step:
+        """A step by its name, or by its probe function (`nb.run(grad_flow_probe)`: go-to-definition works)."""
         for s in self.steps:
-            if s.name == name:
+            if s.name == name or (callable(name) and s.probe == probe_path(name)):
                 return s
-        raise KeyError(f"notebook {self.name} has no step {name!r}; its steps: {[s.name for s in self.steps]}")
+        shown = name if isinstance(name, str) else probe_path(name)
+        raise KeyError(f"notebook {self.name} has no step {shown!r}; its steps: {[s.name for s in self.steps]}")
 
 
 def resolve_probe(path: str) -> Callable[..., Any]:
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def probe_path(function: Callable[..., Any]) -> str:
+    """The "module:function" a step would name this function by."""
+    return f"{getattr(function, '__module__', '')}:{getattr(function, '__name__', '')}"
 
 
 _DTYPE = "workbench.probes.dtype.probes"
@@ -90,239 +110,383 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
     NotebookSpec("00_saved_files", "00 · What the saved files say", "Saved files", (
         Step("files", "the saved files (headers, configs, tokenizer, meta skeleton)",
              f"{_SAVED}.files:saved_files_probe"),
-        Step("weights", "the adapter's weights", f"{_SAVED}.adapter_weights:adapter_weights_probe", ("files",)),
-        Step("targets", "what target_modules reaches", f"{_SAVED}.adapter_targets:adapter_targets_probe", ("files",)),
-        Step("vocab", "tokenizer against the embeddings", f"{_SAVED}.tokenizer:tokenizer_vocab_probe", ("files",)),
+        Step("weights", "the adapter's weights", f"{_SAVED}.adapter_weights:adapter_weights_probe", ("files",),
+             reports=("adapter.weights",)),
+        Step("targets", "what target_modules reaches", f"{_SAVED}.adapter_targets:adapter_targets_probe", ("files",),
+             reports=("adapter.targets",)),
+        Step("vocab", "tokenizer against the embeddings", f"{_SAVED}.tokenizer:tokenizer_vocab_probe", ("files",),
+             reports=("tokenizer.vocab",)),
         Step("special_tokens", "pad, EOS, BOS and the chat template", f"{_SAVED}.tokenizer:special_tokens_probe",
-             ("files",)),
-        Step("tied", "tied embeddings", f"{_SAVED}.config_checks:tied_embeddings_probe", ("files",)),
+             ("files",), reports=("tokenizer.special_tokens",)),
+        Step("tied", "tied embeddings", f"{_SAVED}.config_checks:tied_embeddings_probe", ("files",),
+             reports=("config.tied_embeddings",)),
         Step("quantization", "quantization_config against the weights", f"{_SAVED}.config_checks:quantization_probe",
-             ("files",)),
-        Step("generation", "generation_config.json", f"{_SAVED}.config_checks:generation_config_probe", ("files",)),
+             ("files",), reports=("config.quantization",)),
+        Step("generation", "generation_config.json", f"{_SAVED}.config_checks:generation_config_probe", ("files",),
+             reports=("config.generation",)),
     )),
     NotebookSpec("01_dtype_distribution", "01 · Dtype distribution", "Dtype census", (
-        Step("static", "checkpoint headers", "workbench.probes.dtype.headers:checkpoint_probe"),
+        Step("static", "checkpoint headers", "workbench.probes.dtype.headers:checkpoint_probe",
+             reports=("checkpoint.integrity",)),
         Step("quantized", "4-bit and 8-bit census", f"{_DTYPE}:quantized_census_probe",
-             kwargs={"static": "static?"}),
+             kwargs={"static": "static?"}, reports=("dtype.quantized_census",)),
         _PREPARE,
-        Step("census", "loaded census", f"{_DTYPE}:loaded_census_probe", ("prepared", "target", "static?")),
+        Step("census", "loaded census", f"{_DTYPE}:loaded_census_probe", ("prepared", "target", "static?"),
+             reports=("dtype.census",)),
         Step("scenario_table", "all scenarios side by side", f"{_DTYPE}:with_loaded_row", ("quantized", "census")),
-        Step("islands", "fp32 islands", f"{_DTYPE}:fp32_island_probe", ("prepared", "target")),
+        Step("islands", "fp32 islands", f"{_DTYPE}:fp32_island_probe", ("prepared", "target"),
+             reports=("dtype.fp32_islands",)),
     )),
     NotebookSpec("02_dataparallel", "02 · DataParallel detection", "DataParallel", (
         _PREPARE,
         Step("wrap", "Trainer wrap (DataParallel)", f"{_PARALLEL}:trainer_wrap_probe", ("prepared", "target"),
-             mutates=True),
-        Step("maps", "device maps", f"{_PARALLEL}:device_map_probe", ("prepared", "target")),
+             mutates=True, reports=("parallel.trainer_wrap",)),
+        Step("maps", "device maps", f"{_PARALLEL}:device_map_probe", ("prepared", "target"),
+             reports=("parallel.device_map",)),
     )),
     NotebookSpec("03_peft_attributes", "03 · PEFT attribute preservation", "Attributes", (
         Step("attribute_chain", "attributes through the wrapping chain", f"{_PEFT}:peft_attribute_probe",
-             own_model=True),
+             own_model=True, reports=("peft.attributes",)),
         _PREPARE,
         Step("attributes", "your set-up's attributes", f"{_PEFT}:with_setup_attributes",
-             ("attribute_chain", "prepared", "target")),
-        Step("layers", "adapter layers (PEFT's status)", f"{_PEFT}:peft_layer_status_probe", ("prepared",)),
+             ("attribute_chain", "prepared", "target"), reports=("peft.attributes",)),
+        Step("layers", "adapter layers (PEFT's status)", f"{_PEFT}:peft_layer_status_probe", ("prepared",),
+             reports=("peft.layer_status",)),
     )),
     NotebookSpec("04_forward_checks", "04 · Forward, dtype flow and gradients", "Forward flow", (
         _PREPARE,
         Step("grads", "gradient flow", "workbench.probes.forward.grad_flow:grad_flow_probe", ("prepared", "target"),
-             mutates=True),
+             mutates=True, reports=("grad.flow",)),
         Step("buffers", "mixed-precision buffers", "workbench.probes.dtype.buffers:mixed_precision_buffer_probe",
-             ("prepared", "target"), mutates=True),
+             ("prepared", "target"), mutates=True, reports=("forward.mixed_precision_buffers",)),
         Step("forward", "forward matrix and dtype flow", "workbench.probes.forward.scenarios:forward_scenarios_probe",
-             ("prepared", "target"), mutates=True),
+             ("prepared", "target"), mutates=True, reports=("forward.scenarios", "forward.dtype_flow")),
     )),
     NotebookSpec("05_evaluation", "05 · Evaluation across recipes", "Evaluation", (
         Step("recipes", "recipes", "workbench.probes.evaluation.recipes:recipes_for", ("target", "params.recipes")),
         Step("evaluation", "evaluation, one recipe at a time", "workbench.probes.evaluation.evaluate:evaluate_recipes",
-             ("recipes", "target")),  # frees the shared model itself when it must load recipes beside it
+             ("recipes", "target"),
+             # frees the shared model itself when it must load recipes beside it
+             reports=("eval.metrics", "eval.memory", "adapter.base_model", "placement.offload")),
     )),
     NotebookSpec("06_distributed", "06 · Distributed: DDP and FSDP2 under torchrun", "Distributed", (
         Step("dist", "DDP and FSDP2 under torchrun", "workbench.distributed.probes:distributed_probe",
              kwargs={"ranks": "option.distributed",
-                     "ddp_find_unused_parameters": "params.ddp_find_unused_parameters"}),
+                     "ddp_find_unused_parameters": "params.ddp_find_unused_parameters"},
+             reports=("distributed.ddp", "distributed.fsdp")),
     ), panel=False),
     NotebookSpec("07_data_path", "07 · The data path: what the model is trained on", "Data path", (
         Step("data_path", "the batches as your run builds them", f"{_DATA}.batches:data_path_probe",
              kwargs={"samples": "params.data_samples", "max_length": "params.max_length"}),
         Step("data_stats", "every row: labels, EOS, truncation", f"{_DATA}.stats:data_statistics_probe",
-             ("data_path",)),
+             ("data_path",), reports=("data.labels", "data.eos", "data.truncation")),
         Step("data_template", "chat template and tokenizer", f"{_DATA}.template:template_probe",
-             ("data_path", "data_stats")),
+             ("data_path", "data_stats"), reports=("data.template",)),
         Step("token_view", "token view", f"{_DATA}.token_view:token_view_probe", ("data_path", "data_stats")),
     )),
 )
 
 
-def _c(id: str, nb: str, question: str, probes: tuple[str, ...], **verdicts: str) -> Check:
-    return Check(id, nb, question, verdicts, probes)
+def _c(id: str, nb: str, question: str, detail: str, **verdicts: str) -> Check:
+    return Check(id, nb, question, verdicts, detail)
 
 
-_EVAL = ("workbench.probes.evaluation.evaluate:evaluate_recipes",)
 CHECKS: tuple[Check, ...] = (
     _c("adapter.weights", "00_saved_files",
        "Is the adapter file itself trained: not empty (tensors of shape [0], what ZeRO-3 saves ungathered), not a "
        "no-op (every lora_B zero), free of NaN/inf; the update norm ‖B·A‖·scaling per module?",
-       (f"{_SAVED}.adapter_weights:adapter_weights_probe",),
+       "the adapter file alone (`safetensors.safe_open`, never `torch.load`): no tensors or tensors of shape `[0]` "
+       "(ZeRO-3 saved without gathering); every `lora_B` exactly zero (LoRA's init: never trained); NaN/inf per "
+       "tensor; per module `‖B·A‖_F · scaling` (lora_alpha / r, √r with rsLoRA, `alpha_pattern`) computed from two "
+       "r×r products, as a table and a bar plot coloured by component, modules that never moved named",
        **{"pass": "trained and finite (the table and plot of update norms)",
-          "fail": "empty, no-op or non-finite", "skip": "no adapter"}),
+          "fail": "empty, no-op or non-finite",
+          "skip": "no adapter"}),
     _c("adapter.targets", "00_saved_files",
        "What does target_modules (list, regex or all-linear) match on the base, by PEFT's own rule on a meta "
        "skeleton: per component, modules the adapter names that the base lacks, unintended reach, modules_to_save?",
-       (f"{_SAVED}.adapter_targets:adapter_targets_probe",),
-       **{"info": "the matches per component", "warn": "reaches the vision tower, a convolution or the head",
+       "`target_modules` (list, regex, `all-linear` expanded by PEFT's own `_maybe_include_all_linear_layers`) "
+       "matched by PEFT's `check_target_module_exists` (with `exclude_modules`, `layers_to_transform`, "
+       "`modules_to_save`) on every module of a meta skeleton of the base: matches per component (vision / language "
+       "/ projector / head), their types, saved LoRA tensors naming modules the base lacks or not fitting their "
+       "shapes, modules PEFT cannot wrap, `modules_to_save` found or not",
+       **{"info": "the matches per component",
+          "warn": "reaches the vision tower, a convolution or the head",
           "fail": "the adapter cannot apply (matches nothing, names missing modules, shapes differ)",
-          "error": "the base's skeleton cannot be built", "skip": "no adapter"}),
+          "error": "the base's skeleton cannot be built",
+          "skip": "no adapter"}),
     _c("tokenizer.vocab", "00_saved_files",
        "Does every token id fit the embeddings: len(tokenizer) and its largest added/special id against "
        "config.vocab_size, the embedding rows in the headers and the rows the adapter saves?",
-       (f"{_SAVED}.tokenizer:tokenizer_vocab_probe",),
-       **{"pass": "every id fits", "info": "the adapter saves resized embeddings (resize the base first)",
+       "the tokenizer (the adapter folder's when it carries one, else the base's) loaded by `AutoTokenizer`: "
+       "`len(tokenizer)`, the largest id of any added or special token, `config.vocab_size` (text config for a VLM), "
+       "the rows of the input and output embeddings in the base's headers (the modules `get_input_embeddings` / "
+       "`get_output_embeddings` name on the skeleton), the rows an adapter saves (`modules_to_save`), "
+       "`trainable_token_indices`",
+       **{"pass": "every id fits",
+          "info": "the adapter saves resized embeddings (resize the base first)",
           "fail": "an id past the rows, or tokens added but the resized embeddings not saved",
-          "error": "the tokenizer does not load", "skip": "no tokenizer files"}),
+          "error": "the tokenizer does not load",
+          "skip": "no tokenizer files"}),
     _c("tokenizer.special_tokens", "00_saved_files",
-       "Are pad, EOS and BOS right for training and generation: a pad token distinct from EOS, the chat "
-       "template's end-of-turn token in generation's eos_token_id, BOS added once?",
-       (f"{_SAVED}.tokenizer:special_tokens_probe",),
-       **{"pass": "consistent", "warn": "no pad token, or pad = EOS",
+       "Are pad, EOS and BOS right for training and generation: a pad token distinct from EOS, the chat template's "
+       "end-of-turn token in generation's eos_token_id, BOS added once?",
+       "a two-turn conversation rendered with the checkpoint's own chat template: the first special token after the "
+       "assistant's text (the end of turn) against `generation_config.json`'s `eos_token_id` (else config.json's), "
+       "the encoded text's first ids for a doubled BOS (template BOS + the tokenizer's), pad missing or equal to EOS",
+       **{"pass": "consistent",
+          "warn": "no pad token, or pad = EOS",
           "fail": "end of turn not an EOS for generation, or a doubled BOS",
-          "error": "the tokenizer does not load", "skip": "no tokenizer files"}),
+          "error": "the tokenizer does not load",
+          "skip": "no tokenizer files"}),
     _c("config.tied_embeddings", "00_saved_files",
        "Does tie_word_embeddings agree with the saved head and embeddings, and with what the adapter trains?",
-       (f"{_SAVED}.config_checks:tied_embeddings_probe",),
-       **{"pass": "consistent", "warn": "identical tensors declared untied",
+       "`tie_word_embeddings` (top level, else the text config) against the saved head and embeddings (shape and "
+       "first + last 4 KiB) and against the adapter (`modules_to_save` or LoRA on `lm_head` / `embed_tokens`, "
+       "`trainable_token_indices`, unless `ensure_weight_tying`)",
+       **{"pass": "consistent",
+          "warn": "identical tensors declared untied",
           "fail": "tied while the adapter or checkpoint trains them apart, or untied with no head saved"}),
     _c("config.quantization", "00_saved_files",
        "Does quantization_config in config.json agree with the dtypes in the weights, and is the adapter's base "
-       "pre-quantized (a merge into it rounds the update)?", (f"{_SAVED}.config_checks:quantization_probe",),
-       **{"pass": "declaration and weights agree", "warn": "an adapter on a pre-quantized base",
+       "pre-quantized (a merge into it rounds the update)?",
+       "`quantization_config` against the weights: dtypes per header, and tensors only quantization writes "
+       "(`.absmax`, `.quant_map`, `.quant_state.*`, `.SCB`, `.qweight`, `.scales`, fp8 weights with scales)",
+       **{"pass": "declaration and weights agree",
+          "warn": "an adapter on a pre-quantized base",
           "fail": "a 16-bit model declaring 4-bit, or quantized weights with no declaration"}),
     _c("config.generation", "00_saved_files",
        "Does generation_config.json pass the strict validation save_pretrained runs at every checkpoint save?",
-       (f"{_SAVED}.config_checks:generation_config_probe",),
-       **{"pass": "valid", "warn": "refused by the strict validation (raises at save once modified)",
-          "fail": "invalid even to the lenient validation", "skip": "no generation_config.json"}),
+       "`generation_config.json` through `GenerationConfig.validate(strict=True)`, what `save_pretrained` runs when "
+       "the Trainer saves a checkpoint (and the lenient validation, for errors that break loading)",
+       **{"pass": "valid",
+          "warn": "refused by the strict validation (raises at save once modified)",
+          "fail": "invalid even to the lenient validation",
+          "skip": "no generation_config.json"}),
     _c("checkpoint.integrity", "01_dtype_distribution",
        "Are the checkpoint's files present and whole: shards listed in the index present and holding what it says, "
-       "headers that parse, data that matches its header?", ("workbench.probes.dtype.headers:checkpoint_probe",),
-       **{"pass": "complete and consistent", "warn": "loads, with oddities (stray files, mixed .bin)",
+       "headers that parse, data that matches its header?",
+       "files present, shards listed in the index present and holding what the index says, headers parse, data "
+       "matches headers (truncation, overlapping offsets), stray or pickle files",
+       **{"pass": "complete and consistent",
+          "warn": "loads, with oddities (stray files, mixed .bin)",
           "fail": "damaged: missing shard, truncated file, lying header"}),
     _c("dtype.census", "01_dtype_distribution",
        "Which dtypes do the parameters and buffers have, per component found from the model's structure (vision / "
-       "projector / language / encoder / decoder / head), as the set-up loads them, beside the header census? "
-       "Tied tensors are counted once.", (f"{_DTYPE}:loaded_census_probe",),
+       "projector / language / encoder / decoder / head), as the set-up loads them, beside the header census? Tied "
+       "tensors are counted once.",
+       "dtype counts of parameters **and** buffers per component (vision / projector / language / encoder / decoder "
+       "/ head / other), from the model's structure; the header census beside it; a tied tensor (`lm_head.weight` "
+       "**is** `model.embed_tokens.weight`) counted once, under the name `named_parameters()` keeps, and shown as "
+       "`tied (counted once): lm_head.weight = model.embed_tokens.weight` — in the header census too, where a "
+       "checkpoint that saved both keys is noted as \"saved twice\"",
        **{"pass": "the census (always; it is evidence, not a verdict)"}),
     _c("dtype.quantized_census", "01_dtype_distribution",
        "What does the census look like under 4-bit and 8-bit: predicted on the meta device by transformers' own "
        "bitsandbytes quantizer, verified by a real load where the checkpoint is small?",
-       (f"{_DTYPE}:quantized_census_probe",),
-       **{"pass": "prediction (and, where run, the real load) agree", "warn": "prediction and real load disagree"}),
+       "the census under 4-bit and 8-bit, predicted on the meta device with transformers' own bitsandbytes quantizer "
+       "on a skeleton tied as from_pretrained ties it (`tie_weights()`: T5's `shared` / `encoder.embed_tokens` / "
+       "`decoder.embed_tokens` / `lm_head` are one tensor), and verified by a real load when the checkpoint is below "
+       "`real_quant_max_bytes`; a \"tied (counted once)\" column shows the tied names of each scenario",
+       **{"pass": "prediction (and, where run, the real load) agree",
+          "warn": "prediction and real load disagree"}),
     _c("dtype.fp32_islands", "01_dtype_distribution",
        "Which floating tensors differ from the compute dtype, frozen modules and buffers first?",
-       (f"{_DTYPE}:fp32_island_probe",),
-       **{"pass": "none", "info": "only intentional or contained ones (rotary buffers, _keep_in_fp32_modules, PEFT's "
-                                  "fp32 adapters, prepare_model_for_kbit_training's upcast, norms that return their "
-                                  "input's dtype)",
+       "floating tensors whose dtype differs from the compute dtype, frozen modules and buffers first, a tied tensor "
+       "once. Intentional (info): rotary frequencies — the non-persistent buffers of a rotary module (one with "
+       "transformers' `rope_type`, or a `*RotaryEmbedding` class), whatever their name (Gemma 3's "
+       "`sliding_attention_inv_freq`); `_keep_in_fp32_modules`; PEFT's fp32 adapter weights; in a k-bit model whose "
+       "non-quantized parameters are **all** fp32, the upcast of peft's `prepare_model_for_kbit_training` (the "
+       "finding names the peft release: it casts every non-quantized fp16/bf16 parameter to fp32, and bitsandbytes' "
+       "k-bit layers return their input's dtype, so activations stay fp32 and meet no bf16 weight); and *contained* "
+       "tensors, of a module that returns its input's dtype when called on a tiny compute-dtype input (Gemma 3's "
+       "RMSNorm `output.type_as(x)`, `nn.LayerNorm`, a Linear4bit's fp32 bias). Suspicious (warn): the rest — e.g. "
+       "fp32 Llama/Qwen2/Mistral norms (`weight * x.to(input_dtype)` is fp32) before a bf16 head, and a k-bit model "
+       "that mixes fp32 with non-quantized half-precision parameters (older trl's `peft_module_casting_to_bf16`: the "
+       "demo's `qlora_trl_legacy` set-up), named in the detail",
+       **{"pass": "none",
+          "info": "only intentional or contained ones (rotary buffers, _keep_in_fp32_modules, PEFT's fp32 adapters, "
+          "prepare_model_for_kbit_training's upcast, norms that return their input's dtype)",
           "warn": "islands that can promote activations"}),
     _c("parallel.trainer_wrap", "02_dataparallel",
        "Will the installed transformers.Trainer wrap the model in nn.DataParallel with N GPUs; effective n_gpu, "
-       "train batch and steps per epoch; does a forward survive a replica thread?", (f"{_PARALLEL}:trainer_wrap_probe",),
+       "train batch and steps per epoch; does a forward survive a replica thread?",
+       "what the **installed** `transformers.Trainer` does with the model when the process sees N GPUs: "
+       "`is_model_parallel`, effective `n_gpu`, whether `_wrap_model` returns `nn.DataParallel`, train batch and "
+       "steps per epoch (the seeds' 136 → 68); a forward in a replica thread started under autocast; the verdict of "
+       "every other release line; the fixes with their trade-offs",
        **{"pass": "no wrap, batch as configured",
           "warn": "wrapped but the replica forward survives, or the batch is multiplied without a wrap",
           "fail": "wrapped and the replica forward crashes"}),
     _c("parallel.device_map", "02_dataparallel",
        "What does device_map give (or would give on N GPUs with --max-memory): devices spanned, cpu/disk entries?",
-       (f"{_PARALLEL}:device_map_probe",),
-       **{"pass": "spans the GPUs, nothing offloaded", "info": "the whole model lands on one GPU",
+       "the loaded `hf_device_map` (GPUs spanned, cpu/disk entries) and what `device_map=\"auto\"`/`\"balanced\"` would "
+       "give on N GPUs with `--max-memory`, predicted on the meta device by transformers' own `_get_device_map`",
+       **{"pass": "spans the GPUs, nothing offloaded",
+          "info": "the whole model lands on one GPU",
           "warn": "offload, or bitsandbytes refusing cpu entries"}),
     _c("peft.attributes", "03_peft_attributes",
        "Which attributes the Trainer and accelerate read survive each wrapping step (raw → k-bit → PEFT → Trainer → "
-       "your set-up)?", (f"{_PEFT}:peft_attribute_probe", f"{_PEFT}:with_setup_attributes"),
+       "your set-up)?",
+       "every attribute the Trainer and accelerate read (`hf_device_map`, `is_loaded_in_4bit/8bit`, "
+       "`quantization_method`, `is_parallelizable`, `model_parallel`, `_hf_peft_config_loaded`, gradient "
+       "checkpointing, dtype, device, trainable counts …) after each step: raw model → "
+       "`prepare_model_for_kbit_training` → `get_peft_model` / `PeftModel.from_pretrained` → `Trainer` → your "
+       "set-up; own, `↪ forwarded` through `__getattr__`, or lost",
        **{"info": "the table; nothing the Trainer reads is lost",
           "fail": "a Trainer-read attribute changes or is lost"}),
     _c("peft.layer_status", "03_peft_attributes",
-       "What does PEFT's own get_layer_status / get_model_status say per adapter layer, and do LoRA A/B dtypes "
-       "match the base layer's compute dtype?", (f"{_PEFT}:peft_layer_status_probe",),
-       **{"pass": "regular", "info": "A/B dtype differs (PEFT casts around it)",
-          "warn": "irregular or disabled layers", "skip": "no adapter"}),
+       "What does PEFT's own get_layer_status / get_model_status say per adapter layer, and do LoRA A/B dtypes match "
+       "the base layer's compute dtype?",
+       "PEFT's own `get_model_status` / `get_layer_status` per adapter layer (enabled, active, merged, "
+       "requires_grad, devices), plus LoRA A/B dtype against the base layer's compute dtype",
+       **{"pass": "regular",
+          "info": "A/B dtype differs (PEFT casts around it)",
+          "warn": "irregular or disabled layers",
+          "skip": "no adapter"}),
     _c("grad.flow", "04_forward_checks",
        "After one training step, which trainable tensors have a gradient that is None or zero, per component?",
-       ("workbench.probes.forward.grad_flow:grad_flow_probe",),
+       "one training step (forward with labels under autocast, backward): trainable tensors whose gradient is None "
+       "or zero, per component, LoRA A/B apart, names normalized across `module.` / `base_model.model.`; the cause "
+       "named (reentrant checkpointing without the input-grad hook, modules off the forward path such as a vision "
+       "LoRA on a text-only batch, detached activations, 4-bit layers the set-up handed over packed for "
+       "bitsandbytes' CPU inference kernel). `lora_A` exactly zero while its `lora_B` is still zero is normal and "
+       "not flagged",
        **{"pass": "every trainable tensor gets a gradient (lora_A zero while lora_B is zero is normal)",
-          "info": "the rest belong to modules whose output never reaches the loss (CLIP's post_layernorm under "
-                  "LLaVA)",
-          "fail": "trainable tensors get none, or 4-bit layers were handed over packed for CPU inference; the "
-                  "cause named", "error": "the step itself crashed",
+          "info": "the rest belong to modules whose output never reaches the loss (CLIP's post_layernorm under LLaVA)",
+          "fail": "trainable tensors get none, or 4-bit layers were handed over packed for CPU inference; the cause named",
+          "error": "the step itself crashed",
           "skip": "nothing trainable"}),
     _c("forward.mixed_precision_buffers", "04_forward_checks",
        "With FSDP-style mixed precision (parameters cast, buffers not), does a buffer promote activations?",
-       ("workbench.probes.dtype.buffers:mixed_precision_buffer_probe",),
-       **{"pass": "no buffer off the compute dtype", "info": "buffers off the compute dtype that promote nothing",
+       "FSDP `MixedPrecisionPolicy` simulated: floating parameters cast to the compute dtype, buffers left alone, "
+       "forward traced; buffers (frozen modules first) that promote activations — the Gemma-4 `std_bias` case",
+       **{"pass": "no buffer off the compute dtype",
+          "info": "buffers off the compute dtype that promote nothing",
           "fail": "a buffer promotes activations (named)"}),
     _c("forward.scenarios", "04_forward_checks",
        "Which forward passes of the scenario matrix (eval/train × autocast × replica thread × adapters) pass?",
-       ("workbench.probes.forward.scenarios:forward_scenarios_probe",),
-       **{"pass": "every scenario passes", "fail": "a scenario fails (with its error)"}),
+       "eval/train × no autocast / autocast / a replica thread started under autocast × adapters on/off, on image + "
+       "text for VLMs: pass/fail, exception, output dtype and shape, NaN/inf, as a coloured grid",
+       **{"pass": "every scenario passes",
+          "fail": "a scenario fails (with its error)"}),
     _c("forward.dtype_flow", "04_forward_checks",
        "In the first failing scenario, which module's input dtype disagrees with its weight, and which module "
-       "produced that input?", ("workbench.probes.forward.scenarios:forward_scenarios_probe",),
-       **{"pass": "nothing failed", "warn": "a failure that is not a dtype mismatch",
+       "produced that input?",
+       "the first failing cell traced module by module: the module whose input dtype disagrees with its weight, and "
+       "the module that produced that activation (\"`norm` (float32) outputs float32 → `lm_head` (bfloat16) raises\"), "
+       "with the fix for that cause",
+       **{"pass": "nothing failed",
+          "warn": "a failure that is not a dtype mismatch",
           "fail": "the producing and the raising module named"}),
     _c("eval.metrics", "05_evaluation",
-       "Per recipe: the metrics on the evaluation set, the best recipe and its gain over the base.", _EVAL,
-       **{"pass": "every recipe evaluated", "warn": "a recipe could not load, or every sample raised",
-          "error": "no recipe could, or the dataset has no usable row", "skip": "no dataset"}),
+       "Per recipe: the metrics on the evaluation set, the best recipe and its gain over the base.",
+       "every recipe (and the original base as a reference row) on the evaluation set: greedy answers parsed (`[x1, "
+       "y1, x2, y2]` or Qwen2-VL's `(x1,y1),(x2,y2)`), the seeds' table (Mean IoU, Det rate, IoU>0.5, IoU>0.7) plus "
+       "exact match and teacher-forced loss / token accuracy from a metric registry; best recipe and its gain over "
+       "the base; per-sample failures (parse errors, exceptions, unreadable dataset rows) kept and shown",
+       **{"pass": "every recipe evaluated",
+          "warn": "a recipe could not load, or every sample raised",
+          "error": "no recipe could, or the dataset has no usable row",
+          "skip": "no dataset"}),
     _c("eval.memory", "05_evaluation",
-       "Is memory freed between recipes: peak per recipe, and what is still held after freeing?", _EVAL,
-       **{"pass": "freed", "warn": "memory held grows from one recipe to the next"}),
+       "Is memory freed between recipes: peak per recipe, and what is still held after freeing?",
+       "each recipe loaded alone, freed before the next (gc; `empty_cache` + `synchronize` on CUDA); peak memory per "
+       "recipe (CUDA max allocated, or RSS on CPU) and memory still held after freeing",
+       **{"pass": "freed",
+          "warn": "memory held grows from one recipe to the next"}),
     _c("adapter.base_model", "05_evaluation",
-       "Was the adapter loaded onto the base it was trained on (adapter_config.json against the loaded base, "
-       "LoRA shapes, sampled weights)?", _EVAL + ("workbench.probes.evaluation.lineage:adapter_lineage_probe",),
-       **{"pass": "the recorded base", "info": "another path with identical weights (a copy)",
-          "warn": "the recorded base is a hub id not in the offline cache", "fail": "another base, naming both",
-          "error": "the recorded base cannot be found", "skip": "no adapter"}),
+       "Was the adapter loaded onto the base it was trained on (adapter_config.json against the loaded base, LoRA "
+       "shapes, sampled weights)?",
+       "the base an adapter records (`base_model_name_or_path`, `revision`) against the base actually loaded; every "
+       "`lora_A`/`lora_B` against its base module's shape (meta skeleton); which components differ between the "
+       "recorded and the loaded base (sampled bytes of every tensor); the lineage chain base ⇢ stage 1 → stage-2 "
+       "adapter drawn as a graph",
+       **{"pass": "the recorded base",
+          "info": "another path with identical weights (a copy)",
+          "warn": "the recorded base is a hub id not in the offline cache",
+          "fail": "another base, naming both",
+          "error": "the recorded base cannot be found",
+          "skip": "no adapter"}),
     _c("placement.offload", "05_evaluation",
        "Which modules landed on cpu / disk / meta, and what does that break (flash-attention)?",
-       _EVAL + ("workbench.probes.evaluation.placement:placement_probe",),
-       **{"pass": "nothing offloaded", "warn": "modules offloaded (named, with bytes)",
+       "`hf_device_map` after loading (before the adapter goes on): modules on cpu / disk / meta, with the bytes "
+       "that did not fit; whether the attention implementation can run there",
+       **{"pass": "nothing offloaded",
+          "warn": "modules offloaded (named, with bytes)",
           "fail": "flash-attention with a module off CUDA"}),
     _c("distributed.ddp", "06_distributed",
        "Under torchrun and DDP: name prefixes, gradient sync, unused parameters, the Trainer's "
-       "find_unused_parameters against reentrant checkpointing.", ("workbench.distributed.probes:distributed_probe",),
-       **{"pass": "gradients equal on every rank", "warn": "unused tensors, or your name pattern loses matches",
-          "fail": "the Trainer's wrapping raises, or gradients differ", "error": "a rank crashed or timed out",
+       "find_unused_parameters against reentrant checkpointing.",
+       "under `torchrun --nproc_per_node N` (gloo on CPU, nccl with a GPU per rank), your set-up on every rank, "
+       "wrapped in DDP: names gain `module.` (name-based selections counted on the bare model and on the wrapper — "
+       "the seeds' \"Base parameters enabled: 0\"); gradients present and equal on every rank after all-reduce (each "
+       "rank its own batch); trainable tensors off the forward path; the installed Trainer's "
+       "`find_unused_parameters` against reentrant checkpointing (\"Expected to mark a variable ready only once\"), "
+       "the fixes tried; the DataLoader start method",
+       **{"pass": "gradients equal on every rank",
+          "warn": "unused tensors, or your name pattern loses matches",
+          "fail": "the Trainer's wrapping raises, or gradients differ",
+          "error": "a rank crashed or timed out",
           "skip": "not asked, or would not fit"}),
     _c("distributed.fsdp", "06_distributed",
        "Under FSDP2 with MixedPrecisionPolicy: does a buffer left in fp32 promote activations?",
-       ("workbench.distributed.probes:distributed_probe",),
-       **{"pass": "no promotion", "warn": "fails, not on a dtype", "fail": "the buffer named",
-          "error": "a rank crashed or timed out", "skip": "not asked, or fully_shard refuses a quantized model"}),
+       "FSDP2 `fully_shard` on the `_no_split_modules` blocks and the root with "
+       "`MixedPrecisionPolicy(param_dtype=<compute dtype>)`, one step under the dtype tracer: the buffer off the "
+       "compute dtype that promotes activations (module, buffer, dtype); `_keep_in_fp32_modules` parameters; rotary "
+       "`inv_freq` intentional",
+       **{"pass": "no promotion",
+          "warn": "fails, not on a dtype",
+          "fail": "the buffer named",
+          "error": "a rank crashed or timed out",
+          "skip": "not asked, or fully_shard refuses a quantized model"}),
     _c("data.labels", "07_data_path",
        "In the batches your run builds, which rows supervise nothing (every label -100: loss 0 or NaN), which "
        "supervise no token of their answer, which supervise the prompt when the run means answer-only loss?",
-       (f"{_DATA}.stats:data_statistics_probe",),
-       **{"pass": "every answer supervised, prompts masked", "info": "whole-sequence loss: prompts supervised by design",
+       "every row of the batches your run builds (your Trainer's collator, or trl's preparation and collator), "
+       "padding removed: rows whose labels are all -100 (nothing supervised: loss 0, or NaN for a batch of them — "
+       "trl #1191, unsloth #1128), rows where no token of the answer (after the last assistant header, or the "
+       "completion) is supervised, prompt tokens supervised when the run means completion-only / assistant-only "
+       "loss, rows trl drops for having nothing to supervise; each category with its share and the rows named. The "
+       "prompt's -100 under answer-only loss and padding's -100 are by design",
+       **{"pass": "every answer supervised, prompts masked",
+          "info": "whole-sequence loss: prompts supervised by design",
           "warn": "prompts supervised under answer-only loss, or < 1 % of rows dropped by trl as unsupervised",
-          "fail": "rows with nothing supervised (batched, or ≥ 1 % dropped by trl), or answers unsupervised "
-                  "(rows named)", "skip": "no --data"}),
+          "fail": "rows with nothing supervised (batched, or ≥ 1 % dropped by trl), or answers unsupervised (rows named)",
+          "skip": "no --data"}),
     _c("data.eos", "07_data_path",
        "Is the end-of-turn / EOS token a supervised label in every row that reaches a batch whole?",
-       (f"{_DATA}.stats:data_statistics_probe",),
-       **{"pass": "in every uncut row", "warn": "missing or masked in some rows (named)",
+       "share of the rows that reach a batch whole (cut rows are `data.truncation`'s) whose EOS — the tokenizer's, "
+       "and the template's end-of-turn token found by rendering a probe conversation — is a supervised label; at 0 % "
+       "with pad = EOS the cause is named with both ids (a collator that masks padding by id masks every EOS: "
+       "endless generation, trl #3091, #1623)",
+       **{"pass": "in every uncut row",
+          "warn": "missing or masked in some rows (named)",
           "fail": "in none: the model never learns to stop (pad = EOS masked as padding, named by id)",
           "skip": "no --data, or no uncut supervised row"}),
     _c("data.truncation", "07_data_path",
-       "Which rows does max_length cut, and of those, whose answer is cut or lost entirely? The length "
-       "distribution against max_length.", (f"{_DATA}.stats:data_statistics_probe",),
-       **{"pass": "no row cut", "warn": "rows cut, answers (nearly all) intact",
-          "fail": "answers lost, or cut in ≥ 1 % of rows (named)", "skip": "no --data"}),
+       "Which rows does max_length cut, and of those, whose answer is cut or lost entirely? The length distribution "
+       "against max_length.",
+       "each row's length before truncation against `max_length` (your Trainer's `args.max_length`, else "
+       "`max_length` in `--params`, else trl's default 1024) with trl's `truncation_mode` slice: rows cut, answers "
+       "cut (their end and EOS never seen), answers lost entirely (and rows trl then drops), the length distribution "
+       "plotted with `max_length` marked",
+       **{"pass": "no row cut",
+          "warn": "rows cut, answers (nearly all) intact",
+          "fail": "answers lost, or cut in ≥ 1 % of rows (named)",
+          "skip": "no --data"}),
     _c("data.template", "07_data_path",
-       "Does a batched row start with BOS twice (template BOS + tokenizer BOS), does render-then-encode differ "
-       "from apply_chat_template(tokenize=True), does the raw text hold special tokens?",
-       (f"{_DATA}.template:template_probe",),
+       "Does a batched row start with BOS twice (template BOS + tokenizer BOS), does render-then-encode differ from "
+       "apply_chat_template(tokenize=True), does the raw text hold special tokens?",
+       "batched rows that start with BOS twice (a template that renders `{{ bos_token }}` + a tokenizer that adds "
+       "BOS: transformers #37686 — the case of rows stored already rendered); on the first 64 conversational rows, "
+       "`apply_chat_template(tokenize=False)` then `tokenizer(text)` against `apply_chat_template(tokenize=True)`, "
+       "the first differing position shown; special-token strings written into the raw text (messages, prompt, "
+       "completion). A tokenizer without BOS cannot double it",
        **{"pass": "template, tokenizer and text agree (no BOS at all cannot double)",
           "warn": "render-then-encode differs, or special tokens in the text (rows named)",
-          "fail": "batched rows start with BOS twice", "skip": "no --data"}),
+          "fail": "batched rows start with BOS twice",
+          "skip": "no --data"}),
 )
 
 
@@ -340,10 +504,7 @@ def notebook(name: str) -> NotebookSpec:
     raise KeyError(f"no notebook {name!r} in the catalog: {[n.name for n in NOTEBOOKS]}")
 
 
-def checks_reported_by(func: Callable[..., Any]) -> tuple[str, ...]:
-    """The check ids a probe function answers, from the catalog (none for a helper such as prepare_model)."""
-    path = f"{getattr(func, '__module__', '')}:{getattr(func, '__name__', '')}"
-    return tuple(c.id for c in CHECKS if path in c.probes)
+CHECK_IDS = frozenset(c.id for c in CHECKS)
 
 
 def markdown_table() -> str:

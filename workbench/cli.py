@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("checks", help="the check catalog: every check, its notebook, question and verdicts")
     k.add_argument("--json", action="store_true", help="the catalog as JSON (for tools)")
     k.add_argument("--markdown", action="store_true", help="the catalog as the README's markdown table")
+    k.add_argument("--where", metavar="ID", help="where a check lives: its probe's file:line, result class, tests")
 
     m = sub.add_parser("demo", help="build the bundled demo checkpoints and print their paths")
     m.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
@@ -106,9 +107,15 @@ def cmd_census(args) -> int:
 
 
 def cmd_checks(args) -> int:
-    from workbench.catalog import CHECKS, NOTEBOOKS, markdown_table
+    from workbench.catalog import CHECK_IDS, CHECKS, NOTEBOOKS, markdown_table
 
-    if args.json:
+    if args.where:
+        if args.where not in CHECK_IDS:
+            raise UsageError(f"checks --where {args.where!r}: no such check; `python -m workbench checks` lists them")
+        from workbench.check_origin import check_origin
+
+        print(check_origin(args.where).text())
+    elif args.json:
         print(json.dumps({"checks": [c.as_dict() for c in CHECKS],
                           "notebooks": [{"name": n.name, "title": n.title, "checks": list(n.checks),
                                          "steps": [s.name for s in n.steps]} for n in NOTEBOOKS]}, indent=2))

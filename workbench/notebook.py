@@ -12,12 +12,10 @@ and the panel.
 
 from __future__ import annotations
 
-import functools
-
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from workbench.catalog import NotebookSpec, notebook
 from workbench.report.text import TextRepr
@@ -64,23 +62,24 @@ class NotebookSession(TextRepr):
         loading = sys.modules.get("workbench.model.loading")
         self._loads_at_open = len(loading.LOADS) if loading else 0
 
-    def run(self, name: str) -> Any:
+    def run(self, name: str | Callable[..., Any]) -> Any:
+        """Run a step of this notebook, named or given as its probe function (`nb.run(wb.grad_flow_probe)`)."""
         step = self.spec.step(name)
         args = [self._value(a) for a in step.args]
         kwargs = {k: self._value(v) for k, v in step.kwargs.items()}
         function = step.function()
         if step.own_model:
-            from workbench.model.shared import make_room_for_a_copy, own_copy_step_ran
+            from workbench.model.shared import make_room_for_a_copy, take_early_result
 
-            early = own_copy_step_ran(self.target, step.probe)
+            early = take_early_result(self.target, step.probe)
             if early is not None:  # run before the shared model was prepared (a model too big for two copies)
-                function = functools.wraps(function)(lambda *_args, **_kwargs: early)
+                function = lambda *_args, **_kwargs: early  # noqa: E731 - its findings are recorded as the step's
             else:
                 make_room_for_a_copy(self.target)
         prepared = self.results.get("prepared") if step.mutates else None
         with _guarded(prepared):
-            result = self.recorder.run(function, *args, **kwargs)
-        self.results[name] = result
+            result = self.recorder.run(function, *args, checks=step.reports, step=step.name, **kwargs)
+        self.results[step.name] = result
         self._record_cost()
         return result
 

@@ -1,13 +1,15 @@
 """Running probes: a probe that crashes becomes an `error` finding and the notebook goes on.
 
     rec = FindingsRecorder("findings.01.json", notebook="01_dtype_distribution")
-    census = rec.run(loaded_census_probe, prepared, target)   # shown by the cell; findings recorded
+    census = rec.run(loaded_census_probe, prepared, target, checks=("dtype.census",))   # shown; findings recorded
 
-Which checks a probe answers comes from the catalog (`workbench.catalog`). If the probe raises, each of its
-checks gets an `error` finding with the traceback and `run` returns a `Failed` that displays the error and keeps
-the exception; in interactive use it is also left where `%debug` looks (`sys.last_exc` / `sys.last_traceback`).
-A probe handed a `Failed` is not called, and its checks get an `error` naming the step it depended on. The
-sidecar is rewritten after every probe, so a kernel that dies still leaves what was found.
+The caller says which checks the probe answers (a notebook step's `reports`, from the catalog). If the probe
+raises, each of them gets an `error` finding with the traceback and `run` returns a `Failed` that displays the
+error and keeps the exception; in interactive use it is also left where `%debug` looks (`sys.last_exc` /
+`sys.last_traceback`). A probe handed a `Failed` is not called, and its checks get an `error` naming the step and
+the checks it depended on. In the catalog's notebooks and the panel, a finding whose id neither the catalog nor the
+caller declares is refused. The sidecar is rewritten after every probe, so a kernel that dies still leaves what was
+found.
 """
 
 from __future__ import annotations
@@ -18,19 +20,25 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.catalog import checks_reported_by
+from workbench.catalog import CHECK_IDS, NOTEBOOKS
 from workbench.findings import Finding, sort_findings, write_json_atomic
 from workbench.report.text import TextRepr
 
 
 @dataclasses.dataclass(repr=False)
 class Failed(TextRepr):
-    """What a probe returned when it crashed or could not run."""
+    """What a probe returned when it crashed or could not run: the step, the checks it reports, why."""
 
     step: str
     message: str
     traceback: str = ""
     exception: BaseException | None = dataclasses.field(default=None, repr=False, compare=False)
+    checks: tuple[str, ...] = ()
+
+    @property
+    def named(self) -> str:
+        """The step and its checks, as messages name them: "grads (grad.flow)"."""
+        return f"{self.step} ({', '.join(self.checks)})" if self.checks else self.step
 
     def __bool__(self) -> bool:
         return False
@@ -40,7 +48,7 @@ class Failed(TextRepr):
 
         debug = self.exception is not None
         hint = Inline(" · ", Code("%debug"), " opens the debugger at the failure") if debug else None
-        return Display(Box("#7b1fa2", "#f3e5f5", Inline(Bold(f"{self.step} could not run"), f": {self.message}", hint),
+        return Display(Box("#7b1fa2", "#f3e5f5", Inline(Bold(f"{self.named} could not run"), f": {self.message}", hint),
                            Details("traceback", Pre(self.traceback)) if self.traceback else None))
 
     def reraise(self) -> None:
@@ -56,25 +64,37 @@ class FindingsRecorder(TextRepr):
         self.notebook = notebook
         self.interactive = interactive
         self.findings: list[Finding] = []
+        self.declared: set[str] = set()  # check ids callers named beyond the catalog's
+        # the catalog's notebooks and the panel report only declared ids; a notebook of your own declares its ids in
+        # its metadata, which the runner reads (report.runner.declared_checks)
+        self.validates_ids = notebook == "panel" or notebook in {nb.name for nb in NOTEBOOKS}
         self.cost: dict[str, Any] = {}  # what the notebook cost (loads, memory), written beside the findings
         self.save()
 
     def add(self, *findings: Finding) -> None:
+        undeclared = sorted({f.id for f in findings} - CHECK_IDS - self.declared)
+        if undeclared and self.validates_ids:
+            raise ValueError(f"finding ids {undeclared} are not declared in workbench.catalog (nor by the caller's "
+                             "checks=): add a Check, or name the id in the step's reports")
         for f in findings:
             f.notebook = self.notebook
             self.findings = [g for g in self.findings if g.id != f.id or g.verdict == "error"] + [f]
         self.save()
 
-    def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        step = getattr(func, "__name__", str(func))
-        checks = checks_reported_by(func)
+    def run(self, func: Callable[..., Any], *args: Any, checks: tuple[str, ...] = (), step: str | None = None,
+            **kwargs: Any) -> Any:
+        """Call `func(*args, **kwargs)` as the step `step` (default: the function's name) answering `checks`."""
+        step = step or getattr(func, "__name__", str(func))
+        checks = tuple(checks)
+        self.declared.update(checks)
         failed_inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, Failed)]
         if failed_inputs:
             dep = failed_inputs[0]
-            msg = f"depends on {dep.step}, which could not run ({dep.message})"
+            msg = f"depends on step {dep.named}, which could not run ({dep.message})"
             self.add(*(Finding(c, "error", f"{c} could not run", msg,
-                               {"depends_on": dep.step}, "Fix the step it depends on.") for c in checks))
-            return Failed(step, msg)
+                               {"depends_on": dep.step, "depends_on_checks": list(dep.checks)},
+                               "Fix the step it depends on.") for c in checks))
+            return Failed(step, msg, checks=checks)
         try:
             result = func(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a crashing probe is an error finding, not a dead notebook
@@ -83,7 +103,7 @@ class FindingsRecorder(TextRepr):
                 sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
                 sys.last_exc = exc
             return Failed(step, f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))[-6000:],
-                          exception=exc)
+                          exception=exc, checks=checks)
         findings = result.findings() if hasattr(result, "findings") else []
         self.add(*findings)
         return result

@@ -1,8 +1,7 @@
 """One prepared model per process, shared by every notebook and panel step that asks for the same target.
 
-A diagnosis used to load the model in every notebook's kernel; now the notebooks of one diagnosis run in one
-kernel and `prepare_shared(target)` returns the model the set-up prepared the first time, for as long as the
-target's options stay the same. Probes that change the model run under `workbench.model.guard.restored`, so each
+The notebooks of one diagnosis run in one kernel, and `prepare_shared(target)` returns the model the set-up
+prepared the first time, for as long as the target's options stay the same. Probes that change the model run under `workbench.model.guard.restored`, so each
 one sees it as the set-up returned it. A new target frees the old model first (never two resident).
 """
 
@@ -13,9 +12,9 @@ import os
 
 _SHARED: dict[str, object] = {}
 # A model too big for two copies is never resident twice, so a step that loads its own copy (notebook 03's
-# wrapping chain) used to free the shared model and have the next notebook prepare it again: one load more. When
-# the runner says which notebooks this diagnosis runs (NOTEBOOKS_ENV), the first prepare runs those own-copy steps
-# first and keeps their results here for their notebook (`take_early_result`).
+# wrapping chain) would free the shared model and have the next notebook prepare it again: one load more. When the
+# runner says which notebooks this diagnosis runs (NOTEBOOKS_ENV), the first prepare runs those own-copy steps first
+# and keeps their results here for their notebook (`take_early_result`).
 NOTEBOOKS_ENV = "WORKBENCH_NOTEBOOKS"
 _EARLY: dict[tuple[str, str], object] = {}  # (target key, probe) -> result, computed before the shared model
 _OWN_COPY_DONE: set[tuple[str, str]] = set()  # own-copy steps already run for a target in this process
@@ -69,7 +68,7 @@ def _run_own_copy_steps_first(target, key: str) -> None:
         _OWN_COPY_DONE.add((key, step.probe))
 
 
-def own_copy_step_ran(target, probe: str) -> object | None:
+def take_early_result(target, probe: str) -> object | None:
     """Called by a notebook as it runs an own-copy step: that step's early result if there is one (it is handed
     over once), else None — and either way the step counts as run for this target."""
     key = _key(target)
@@ -90,6 +89,15 @@ def make_room_for_a_copy(target) -> None:
 def shared_if_prepared(target):
     """The target's prepared model if it is resident, else None (nothing is loaded)."""
     return _SHARED.get(_key(target))
+
+
+def reset() -> None:
+    """Forget everything this process cached for diagnoses: the shared model, early results, which own-copy steps
+    ran (isolated tests; a new diagnosis in a long-lived kernel)."""
+    if _SHARED or _EARLY:  # a collection only when something was held: tests call this after every test
+        _EARLY.clear()
+        free_shared()
+    _OWN_COPY_DONE.clear()
 
 
 def free_shared() -> None:
