@@ -37,7 +37,7 @@ $(STAMP): requirements.txt requirements.lock pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)" >/dev/null
 	touch $(STAMP)
 
-# The demo carries the seeds' defects on purpose: exit 1 ("something failed") is its expected outcome.
+# The demo carries planted defects on purpose: exit 1 ("something failed") is its expected outcome.
 # With a CKPT the exit code passes through unchanged (0 clean, 1 fail/error, 2 unusable input).
 diagnose: install
 ifeq ($(strip $(CKPT)),)
@@ -57,10 +57,12 @@ demo: install
 TEST_WORKERS ?= 2
 
 test: install
+	$(PY) -m ruff check --quiet .
 	$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 # the inner loop: unit, meta-device and header tests; no notebook run, torchrun, training or browser
 test-fast: install
+	$(PY) -m ruff check --quiet .
 	$(PY) -m pytest -q -m "not slow" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 checks: install

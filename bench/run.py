@@ -4,7 +4,8 @@
 
 Every timed step runs in a fresh Python process (imports warm in the OS cache, then measured in-process with
 perf_counter; peak memory is that process's ru_maxrss), so one measurement's allocations never hide another's.
-Prints a markdown table: min / median / max over the runs.
+Prints a markdown table (min / median / max over the runs) and writes it to bench/RESULTS.md, stamped with the
+date, the machine and the commit (`bench/results.py`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ print('RESULT ' + json.dumps(result))
     out = []
     for _ in range(repeats):
         proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=1800)
-        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+        line = next((out for out in proc.stdout.splitlines() if out.startswith("RESULT ")), None)
         if line is None:
             raise RuntimeError(f"benchmark step failed:\n{proc.stderr[-2000:]}")
         out.append(json.loads(line[7:]))
@@ -181,7 +182,7 @@ def process_seconds(argv: list[str], repeats: int, env: dict | None = None,
     return out
 
 
-# the package as it was before the light import: torch, transformers and pandas imported with workbench
+# the naive start-up: torch, transformers and pandas imported with workbench, as an eager package would
 EAGER_HELP = "import torch, transformers, pandas; from workbench.cli import main; main(['--help'])"
 
 
@@ -439,11 +440,22 @@ def data_path_row(rows: list, folder: Path, tmp: Path, n_rows: int) -> None:
                  "goal ≤ 2×; streamed: every row, labels after the collator, EOS, truncation, template"))
 
 
-def print_rows(rows: list) -> None:
-    print("\n| what | ours (min / median / max) | naive (min / median / max) | ratio | notes |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+def table(rows: list) -> str:
+    lines = ["| what | ours (min / median / max) | naive (min / median / max) | ratio | notes |", "|---|---|---|---|---|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def write_section(mode: str, title: str, body: str) -> None:
+    from results import write_section as write  # bench/ is on sys.path (main)
+
+    write(mode, title, body)
+
+
+def report(mode: str, title: str, rows: list, after: str = "") -> None:
+    """Print the table and write it to bench/RESULTS.md (its own section, stamped)."""
+    body = table(rows) + (f"\n\n{after}" if after else "")
+    print("\n" + body)
+    write_section(mode, title, body)
 
 
 def main() -> None:
@@ -471,21 +483,22 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
             memory = memory_of_a_diagnosis(Path(tmp))
         print(json.dumps(memory, indent=1))
+        write_section("memory", "Memory of a diagnosis", memory_text(memory))
         return
     if args.only_scaling:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
             scaling_rows(rows, Path(tmp), args.repeats, args.sizes)
-        print_rows(rows)
+        report("scaling", "A diagnosis against one load + forward, by checkpoint size", rows)
         return
     if args.only_data:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
             data_path_row(rows, demo.llama, Path(tmp), args.data_rows)
-        print_rows(rows)
+        report("data", "The data path against trl's own preparation", rows)
         return
     if args.only_startup:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
             startup_rows(rows, write_sparse_checkpoint(Path(tmp) / "sparse-7b"), args.repeats, Path(tmp) / "cache")
-        print_rows(rows)
+        report("startup", "Start-up of the command line", rows)
         return
     with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
         tmp = Path(tmp)
@@ -546,7 +559,7 @@ def main() -> None:
         per_nb = {name: statistics.median(r["notebooks"][name] for r in serial) for name in serial[0]["notebooks"]}
         starts, exports = kernel_and_export(Path(serial[0]["folder"]), 3)
         rows.append(("`diagnose` on the demo: one kernel for every notebook, the model shared (ours) vs a kernel "
-                     "per notebook, two side by side (before issue 15)",
+                     "per notebook, two side by side",
                      stats([r["seconds"] for r in serial]), stats([r["seconds"] for r in side]),
                      f"{statistics.median(r['seconds'] for r in side) / statistics.median(r['seconds'] for r in serial):.2f}× faster",
                      "per notebook (shared kernel): " + ", ".join(f"{k[:2]} {v:.1f} s" for k, v in per_nb.items())
@@ -555,14 +568,17 @@ def main() -> None:
         scaling_rows(rows, tmp, max(1, args.repeats // 2))
         memory = None if args.skip_memory else memory_of_a_diagnosis(tmp)
 
-    print_rows(rows)
-    if memory:
-        print(f"\nMemory of a diagnosis of a {memory['checkpoint_bytes'] / 1e9:.2f} GB checkpoint (one notebook at a "
-              f"time), sampled every 0.1 s: largest anonymous RSS of one process {memory['anon_one'] / 1e9:.2f} GB, "
-              f"an idle process with the stack imported {memory['idle'] / 1e9:.2f} GB: (peak - idle) / checkpoint = "
-              f"{memory['ratio']:.2f}× (goal ≤ 1.5×). All processes together: {memory['anon_sum'] / 1e9:.2f} GB "
-              f"anonymous; file-backed pages (the mmapped weights, libraries) up to {memory['file_one'] / 1e9:.2f} GB "
-              "in one process, reclaimable page cache.")
+    report("full", f"Every cost against the naive way (--repeats {args.repeats})", rows,
+           memory_text(memory) if memory else "")
+
+
+def memory_text(memory: dict) -> str:
+    return (f"Memory of a diagnosis of a {memory['checkpoint_bytes'] / 1e9:.2f} GB checkpoint (one notebook at a "
+            f"time), sampled every 0.1 s: largest anonymous RSS of one process {memory['anon_one'] / 1e9:.2f} GB, "
+            f"an idle process with the stack imported {memory['idle'] / 1e9:.2f} GB: (peak - idle) / checkpoint = "
+            f"{memory['ratio']:.2f}× (goal ≤ 1.5×). All processes together: {memory['anon_sum'] / 1e9:.2f} GB "
+            f"anonymous; file-backed pages (the mmapped weights, libraries) up to {memory['file_one'] / 1e9:.2f} GB "
+            "in one process, reclaimable page cache.")
 
 
 if __name__ == "__main__":

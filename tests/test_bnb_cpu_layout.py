@@ -6,8 +6,13 @@ bitsandbytes' own packing function."""
 import pytest
 import torch
 
-from workbench.model.bnb_cpu_layout import (HELD_MARK, REPACK_FLAG, keep_training_layout, packed_for_cpu_inference,
-                                            unpack_cpu_inference)
+from workbench.model.bnb_cpu_layout import (
+    HELD_MARK,
+    REPACK_FLAG,
+    keep_training_layout,
+    packed_for_cpu_inference,
+    unpack_cpu_inference,
+)
 
 pytestmark = pytest.mark.slow  # real 4-bit loads and training steps
 

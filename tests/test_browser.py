@@ -8,8 +8,6 @@ Skipped, saying so, where Chromium or Playwright is missing (.ci/run installs De
 
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -102,8 +100,10 @@ def test_jupyterlab_opens_the_panel_and_diagnoses_the_demo_with_a_click(demo, br
     with lab_server(state_dir=tmp_path / "lab", env={"WORKBENCH_CACHE": str(demo.root.parent)}) as lab:
         page.goto(lab.url)
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90_000)
-        tabs = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel").all_inner_texts()
-        assert tabs[0] == "panel.ipynb" and "04_forward_checks.ipynb" in tabs  # the notebooks are open
+        labels = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel")
+        labels.filter(has_text="04_forward_checks.ipynb").first.wait_for(timeout=90_000)  # the notebooks open in turn
+        tabs = labels.all_inner_texts()
+        assert tabs[0] == "panel.ipynb" and "04_forward_checks.ipynb" in tabs
         page.wait_for_selector("text=Python (workbench) | Idle", timeout=120_000)  # the kernel has started
         page.locator(".jp-Notebook .jp-CodeCell").first.click()
         page.keyboard.press("Shift+Enter")

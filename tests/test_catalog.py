@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.catalog import CHECKS, NOTEBOOKS, check, markdown_table, notebook
+from workbench.catalog import CHECKS, NOTEBOOKS, markdown_table, notebook
 from workbench.findings import Finding
 from workbench.recorder import FindingsRecorder
 
@@ -84,7 +84,7 @@ def test_interactive_failures_keep_the_exception_for_debugging(tmp_path):
     rec = FindingsRecorder(tmp_path / "f.json", notebook="x", interactive=True)
     failed = rec.run(boom)
     assert isinstance(failed.exception, ValueError) and sys.last_value is failed.exception
-    assert sys.last_traceback is failed.exception.__traceback__ and "%debug" in failed._repr_html_()
+    assert sys.last_traceback is failed.exception.__traceback__ and "%debug" in failed.view().html()
     batch = FindingsRecorder(tmp_path / "g.json", notebook="x").run(boom)
     assert isinstance(batch.exception, ValueError)  # kept in batch runs too; only %debug's slot is left alone
 

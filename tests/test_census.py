@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from workbench.probes.dtype.census import census_differences, dtype_census, predicted_quantized_census, quantized_finding
 from workbench.model.loading import auto_config, load_pretrained
+from workbench.probes.dtype.census import census_differences, dtype_census, predicted_quantized_census
+from workbench.probes.dtype.probes import QuantizedCensusResult
 
 
 def test_loaded_census_counts_parameters_and_buffers(demo):
@@ -22,7 +23,7 @@ def test_prediction_on_meta_agrees_with_a_real_bitsandbytes_load(demo, quant, pa
     real = dtype_census(load_pretrained(demo.qwen_stage1, quant=quant), label=f"real {quant}")
     assert census_differences(predicted, real) == []
     vision = predicted.dtypes_by_component()["vision"]
-    assert vision[packed] > 0 and vision["bfloat16"] > 0  # the seeds' shape: vision bf16 + packed weights
+    assert vision[packed] > 0 and vision["bfloat16"] > 0  # a 4-bit VLM's shape: vision bf16 + packed weights
     # the packed 4-bit weights hold two values per byte
     real_bytes = {(r["component"], r["dtype"]): r["bytes"] for r in real.rows if r["kind"] == "parameter"}
     pred_bytes = {(r["component"], r["dtype"]): r["bytes"] for r in predicted.rows if r["kind"] == "parameter"}
@@ -37,9 +38,9 @@ def test_prediction_notices_a_changed_model(demo):
             p["dtype"] = "float32"  # planted disagreement
     differences = census_differences(predicted, real)
     assert differences and differences[0]["component"] == "head"
-    finding = quantized_finding({"4bit": predicted}, {"4bit": real})
+    finding = QuantizedCensusResult({"4bit": predicted}, {"4bit": real}).findings()[0]
     assert finding.verdict == "warn" and finding.evidence["differences"]["4bit"] == differences
-    assert quantized_finding({"4bit": predicted}, {"4bit": predicted}).verdict == "pass"
+    assert QuantizedCensusResult({"4bit": predicted}, {"4bit": predicted}).findings()[0].verdict == "pass"
 
 
 def test_predicting_a_7b_sized_model_reads_no_weight():
@@ -50,6 +51,6 @@ def test_predicting_a_7b_sized_model_reads_no_weight():
                            vision_config=dict(depth=32, embed_dim=1280, hidden_size=3584, num_heads=16))
     census = predicted_quantized_census(config, "4bit", dtype=torch.bfloat16)
     by = census.dtypes_by_component()
-    # the seeds' 7B numbers: vision bf16 261 + uint8 130; language uint8 196 + bf16 141 (lm_head apart)
+    # Qwen2-VL-7B's numbers under 4-bit: vision bf16 261 + uint8 130; language uint8 196 + bf16 141 (lm_head apart)
     assert by["vision"] == {"bfloat16": 261, "uint8": 130}
     assert by["language"]["uint8"] == 196

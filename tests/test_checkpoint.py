@@ -7,7 +7,7 @@ from workbench.model.loading import auto_config, meta_model
 
 def test_sharded_checkpoint_is_whole(demo):
     inspection = inspect_checkpoint(demo.llama)
-    finding = inspection.finding()
+    finding = inspection.findings()[0]
     assert finding.verdict == "pass", finding.detail
     assert len(inspection.headers) > 1  # the demo's Llama is saved in shards
     assert inspection.bytes_read < inspection.weight_bytes / 10
@@ -17,7 +17,7 @@ def test_missing_shard_fails_naming_it(demo, copy_of):
     folder = copy_of(demo.llama)
     shard = sorted(folder.glob("model-*.safetensors"))[1]
     shard.unlink()
-    finding = inspect_checkpoint(folder).finding()
+    finding = inspect_checkpoint(folder).findings()[0]
     assert finding.verdict == "fail"
     assert shard.name in finding.title + finding.detail
 
@@ -26,7 +26,7 @@ def test_truncated_weights_fail(demo, copy_of):
     folder = copy_of(demo.qwen_base)
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
-    finding = inspect_checkpoint(folder).finding()
+    finding = inspect_checkpoint(folder).findings()[0]
     assert finding.verdict == "fail" and "truncated" in finding.detail
 
 
@@ -38,14 +38,14 @@ def test_index_pointing_at_the_wrong_shard_fails(demo, copy_of):
     shards = sorted(set(index["weight_map"].values()))
     index["weight_map"][name] = next(s for s in shards if s != index["weight_map"][name])
     index_path.write_text(json.dumps(index))
-    finding = inspect_checkpoint(folder).finding()
+    finding = inspect_checkpoint(folder).findings()[0]
     assert finding.verdict == "fail" and name in finding.detail
 
 
 def test_stray_pickle_beside_safetensors_warns(demo, copy_of):
     folder = copy_of(demo.qwen_base)
     (folder / "pytorch_model.bin").write_bytes(b"not read")
-    finding = inspect_checkpoint(folder).finding()
+    finding = inspect_checkpoint(folder).findings()[0]
     assert finding.verdict == "warn" and "pickle" in finding.detail
 
 

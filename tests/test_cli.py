@@ -25,7 +25,9 @@ def test_census_of_a_damaged_checkpoint_exits_1(demo, copy_of):
     (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:-64])
     result = workbench("census", folder)
     assert result.returncode == 1
-    assert "checkpoint.integrity: fail" in result.stdout
+    fields = dict(line.split(None, 1) for line in result.stdout.splitlines()[:3])  # the findings table, as text
+    assert fields["verdict"] == "FAIL" and fields["check"] == "checkpoint.integrity"
+    assert "damaged" in fields["finding"] and "bytes read" in result.stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -57,8 +57,8 @@ def test_grad_flow_of_a_full_fine_tune_matches_the_stacks_backward(family, name)
     on torch's own kernels and its norms agree to bf16 rounding. The evidence says what was promoted for the bf16
     families (Llama, tied Qwen2, the LLaVA VLM); for the fp32 ones (T5 encoder-decoder, a BERT classifier) nothing
     is promoted and the evidence stays quiet."""
+    from workbench.model.forward import with_labels
     from workbench.model.inputs import sample_inputs
-    from workbench.probes.forward.scenarios import with_labels
 
     target = resolve_target(str(family(name)))
     prepared = prepare_model(target)

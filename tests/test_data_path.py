@@ -26,7 +26,7 @@ def diagnose_data(checkpoint, data=None, **options):
     path = data_path_probe(target, samples=params.get("data_samples"), max_length=params.get("max_length"))
     stats = data_statistics_probe(path)
     findings = stats.findings() + template_probe(path, stats).findings()
-    return {f.id: f for f in findings}, token_view_probe(path, stats)._repr_html_()
+    return {f.id: f for f in findings}, token_view_probe(path, stats).view().html()
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_max_length_shorter_than_the_answers_fails_truncation(demo, chat_data, t
 
 def diagnose_stats_html(demo, data, max_length):
     target = resolve_target(str(demo.llama), data=str(data))
-    return data_statistics_probe(data_path_probe(target, max_length=max_length))._repr_html_()
+    return data_statistics_probe(data_path_probe(target, max_length=max_length)).view().html()
 
 
 def test_a_template_that_doubles_bos_fails_template(demo, copy_of, tmp_path):
@@ -183,7 +183,7 @@ def test_the_panel_runs_the_data_path(demo, chat_data):
     target = session.validate(str(demo.llama), data=str(chat_data))
     findings = {f.id: f.verdict for f in session.run(target, {"Data path"})}
     assert findings == {"data.labels": "info", "data.eos": "pass", "data.truncation": "pass", "data.template": "pass"}
-    html = "".join(r._repr_html_() for r in session.results["Data path"])
+    html = "".join(r.view().html() for r in session.results["Data path"])
     assert "#c8e6c9" in html and "max_length" in html
 
 

@@ -6,7 +6,9 @@ import time
 import psutil
 import pytest
 
-from workbench.distributed.probes import READY_TWICE, distributed_probe, grad_agreement
+from workbench.distributed.ddp import READY_TWICE
+from workbench.distributed.ddp_verdict import grad_agreement
+from workbench.distributed.probes import distributed_probe
 from workbench.model.target import resolve_target
 
 pytestmark = pytest.mark.slow  # torchrun ranks / real training: not in the fast tier
@@ -50,10 +52,10 @@ def test_healthy_model_passes_both_checks_and_shows_the_prefix_table(demo):
     assert ddp.evidence["data_loading"]["cuda_collate"]["tested"] is False  # CPU: skipped, and said why
     assert READY_TWICE in ddp.detail  # what reentrant checkpointing would do, tried
     json.dumps([f.to_dict() for f in report.findings()])
-    html = report._repr_html_()
+    html = report.view().html()
     assert "rank 1" in html and "wb-table" in html and "name.startswith(&quot;model.&quot;)" in html
     assert "<code>model.embed_tokens.weight</code> is <code>module.model.embed_tokens.weight</code>" in html
-    assert "Name-based selections" in repr(report)
+    assert "Name-based selections" in str(report)
     assert_nothing_left(report)
 
 

@@ -8,10 +8,10 @@ import pytest
 
 import workbench as wb
 from workbench.probes.evaluation.evaluate import EvaluationResult, RecipeOutcome, evaluate_recipes
-from workbench.demo.grounding import write_dataset
 from workbench.probes.evaluation.lineage import adapter_lineage
 from workbench.probes.evaluation.placement import placement_of
 from workbench.probes.evaluation.recipes import read_recipes, recipes_for
+from workbench.tasks.grounding import write_dataset
 
 
 def verdict(report, check):
@@ -36,7 +36,7 @@ def test_overriding_the_base_with_the_original_model_fails_naming_both(demo):
     assert str(demo.qwen_base) in finding.title and str(demo.qwen_stage1) in finding.title
     diff = report.base_differences
     assert diff["vision"]["different"] == 31 and diff["language"]["different"] == 0
-    assert "⇒ qwen2vl-stage2" in report.chain_text() and "<svg" in report._repr_html_()
+    assert "⇒ qwen2vl-stage2" in report.chain_text() and "<svg" in report.view().html()
 
 
 def test_an_adapter_on_another_architecture_fails_on_module_shapes(demo):
@@ -115,7 +115,7 @@ def test_a_recipe_that_cannot_load_is_an_error_row_and_the_others_evaluate(demo,
     assert lineage.verdict == "error" and "deleted-stage1" in lineage.detail and "stage2: pass" in lineage.detail
     assert verdict(report, "placement.offload").verdict == "pass"
     assert all(o.memory["peak"] >= o.memory["before"] > 0 for o in report.outcomes)
-    assert "Memory per recipe" in report._repr_html_() and "stage2" in repr(report)
+    assert "Memory per recipe" in report.view().html() and "stage2" in str(report)
 
 
 def test_memory_growth_between_recipes_is_flagged():

@@ -49,9 +49,9 @@ def test_healthy_family_gives_no_fail_and_names_its_inputs(family, name, setup):
 
 
 def test_labels_fit_the_head(family):
+    from workbench.model.forward import with_labels
     from workbench.model.inputs import sample_inputs
     from workbench.model.loading import load_pretrained
-    from workbench.probes.forward.scenarios import with_labels
 
     shapes = {}
     for name in ("bert_seq_cls", "bert_token_cls", "bert_encoder", "t5"):
@@ -116,7 +116,7 @@ def test_adapter_loaded_for_inference_is_a_grad_flow_skip(demo):
 
 @pytest.mark.parametrize("name", ["t5", "bert_encoder", "bert_seq_cls"])
 def test_trainer_wrap_and_buffers_fit_the_head(family, name):
-    from workbench.probes.dtype.buffers import mixed_precision_buffer_probe
+    from workbench.probes.forward.mixed_precision_buffers import mixed_precision_buffer_probe
     from workbench.probes.parallel.probes import trainer_wrap_probe
 
     target = resolve_target(str(family(name)), gpus=2)

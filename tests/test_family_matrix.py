@@ -1,20 +1,24 @@
 """The family matrix: every dtype probe stays quiet on a healthy checkpoint of each family people fine-tune, and
-planted defects are named on several of them (issue 14, dtype half). Tiny checkpoints (workbench.demo.families),
+planted defects are named on several of them. Tiny checkpoints (workbench.demo.families),
 meta-device predictions and real bitsandbytes loads on CPU: well under a minute."""
 
 import pytest
 import torch
 
 from workbench.demo.families import FAMILIES
-from workbench.model.loading import load_pretrained
+from workbench.model.loading import auto_config, load_pretrained
 from workbench.model.setups import prepare_model
 from workbench.model.target import resolve_target
+from workbench.probes.dtype.census import predicted_quantized_census
 from workbench.probes.dtype.headers import checkpoint_probe
 from workbench.probes.dtype.islands import fp32_islands
-from workbench.model.loading import auto_config
-from workbench.probes.dtype.census import predicted_quantized_census, quantized_finding
-from workbench.probes.dtype.probes import (_real_quantized_census, fp32_island_probe, loaded_census_probe,
-                                           quantized_census_probe)
+from workbench.probes.dtype.probes import (
+    QuantizedCensusResult,
+    _real_quantized_census,
+    fp32_island_probe,
+    loaded_census_probe,
+    quantized_census_probe,
+)
 
 # what a maintainer of each family calls its parts (README: how components are found)
 COMPONENTS = {
@@ -47,16 +51,16 @@ def test_healthy_family_headers_census_and_islands_are_quiet(family, name):
     loaded = loaded_census_probe(prepared, target, static)
     (census_finding,) = loaded.findings()
     assert census_finding.verdict == "pass"
-    by_component = loaded.census.dtypes_by_component("parameter")
+    by_component = loaded.dtypes_by_component("parameter")
     assert set(by_component) == COMPONENTS[name]  # nothing left in "other"
     assert set(headers.dtypes_by_component()) == COMPONENTS[name]
     if name not in FUSED_ON_LOAD:  # a tied tensor is saved once and counted once
         assert headers.dtypes_by_component() == by_component
     if name in TIED:
-        assert TIED[name] in loaded.census.tied_note() and TIED[name] in headers.tied_note()
+        assert TIED[name] in loaded.tied_note() and TIED[name] in headers.tied_note()
         assert TIED[name] in census_finding.detail
     else:
-        assert not loaded.census.tied and not headers.tied
+        assert not loaded.tied and not headers.tied
     islands = fp32_island_probe(prepared, target).findings()[0]
     assert islands.verdict in ("pass", "info"), islands.title
     assert islands.verdict == "pass" or "on purpose" in islands.title
@@ -69,7 +73,7 @@ def test_quantized_prediction_agrees_with_the_real_4bit_load(family, name):
     real = _real_quantized_census(target, "4bit", None)
     if isinstance(real, str):  # bitsandbytes refused this family here: the prediction stands alone
         pytest.skip(real)
-    finding = quantized_finding({"4bit": predicted}, {"4bit": real})
+    finding = QuantizedCensusResult({"4bit": predicted}, {"4bit": real}).findings()[0]
     assert finding.verdict == "pass", finding.evidence["differences"]
     assert predicted.tied == real.tied
     assert set(predicted.dtypes_by_component()) == COMPONENTS[name]
@@ -102,7 +106,7 @@ def test_qlora_upcast_is_intentional_on_a_healthy_family(family, name):
     from importlib.metadata import version
 
     report = fp32_islands(_qlora_prepared(family(name), name))
-    finding = report.finding()
+    finding = report.findings()[0]
     assert finding.verdict == "info", finding.detail
     assert f"peft {version('peft')}'s prepare_model_for_kbit_training" in finding.detail
     assert finding.evidence["intentional_upcast_by"] == f"peft {version('peft')}: prepare_model_for_kbit_training"
@@ -110,7 +114,7 @@ def test_qlora_upcast_is_intentional_on_a_healthy_family(family, name):
 
 
 def _fp32_norms(model) -> list[str]:
-    """Plant the seeds' defect: every norm of the decoder's own norm class in fp32, the head left bf16."""
+    """Plant the DataParallel-crash defect: every norm of the decoder's own norm class in fp32, the head left bf16."""
     norm_class = type(model.model.norm)
     names = []
     for module_name, module in model.named_modules():
@@ -126,16 +130,16 @@ def test_planted_fp32_norms_before_a_bf16_head_are_named(family, name):
     planted = _fp32_norms(model)
     assert model.lm_head.weight.dtype == torch.bfloat16
     report = fp32_islands(model)
-    assert report.finding().verdict == "warn"
+    assert report.findings()[0].verdict == "warn"
     assert sorted(i.name for i in report.suspicious) == sorted(planted)
-    assert "norm" in report.finding().title
+    assert "norm" in report.findings()[0].title
 
 
 def test_planted_fp32_norms_stay_quiet_on_gemma3_whose_norm_returns_the_input_dtype(family):
     model = load_pretrained(family("gemma3_text"))
     planted = _fp32_norms(model)
     report = fp32_islands(model)
-    assert report.finding().verdict == "info" and report.suspicious == []
+    assert report.findings()[0].verdict == "info" and report.suspicious == []
     contained = [i for i in report.islands if (i.intentional or "").startswith("contained: Gemma3RMSNorm")]
     assert sorted(i.name for i in contained) == sorted(planted)
 
@@ -145,7 +149,7 @@ def test_gemma3_rotary_buffers_are_known_by_their_module_not_their_name(family):
     rotary = [i for i in report.islands if i.kind == "buffer"]
     assert any(i.name.endswith("sliding_attention_inv_freq") for i in rotary)
     assert all("Gemma3RotaryEmbedding" in i.intentional for i in rotary)
-    assert report.finding().verdict == "info"
+    assert report.findings()[0].verdict == "info"
 
 
 def test_a_tied_tensor_saved_twice_is_counted_once(family, copy_of):

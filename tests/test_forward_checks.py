@@ -1,10 +1,10 @@
 import torch
 
-from workbench.probes.forward.grad_flow import grad_flow_probe, normalize_name
-from workbench.probes.dtype.buffers import mixed_precision_buffer_probe
-from workbench.probes.forward.scenarios import forward_scenarios_probe
 from workbench.model.setups import prepare_model
 from workbench.model.target import resolve_target
+from workbench.probes.forward.grad_flow import grad_flow_probe, normalize_name
+from workbench.probes.forward.mixed_precision_buffers import mixed_precision_buffer_probe
+from workbench.probes.forward.scenarios import forward_scenarios_probe
 
 
 def verdicts(report):

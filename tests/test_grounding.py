@@ -3,8 +3,17 @@ import json
 import numpy as np
 import pytest
 
-from workbench.demo.grounding import (GRID, IMAGE_SIZE, QUESTION, SCALE, format_box, make_sample, parse_box,
-                                 read_dataset, write_dataset)
+from workbench.tasks.grounding import (
+    GRID,
+    IMAGE_SIZE,
+    QUESTION,
+    SCALE,
+    format_box,
+    make_sample,
+    parse_box,
+    read_dataset,
+    write_dataset,
+)
 
 
 def test_a_sample_is_a_function_of_index_and_seed():

@@ -11,16 +11,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from nbformat.v4 import new_code_cell, new_notebook
 
 from workbench import cli
 from workbench.errors import UsageError
-from workbench.params import validate_params
-from workbench.resources import ResourceError
-from workbench.report.runner import diagnose
+from workbench.model.memory import ResourceError
 from workbench.model.safetensors_header import HeaderError, read_header
 from workbench.model.setups import prepare_model
 from workbench.model.target import resolve_target
+from workbench.params import validate_params
+from workbench.report.runner import diagnose
 
 
 def run_cli(*args, env=None, cwd=None):

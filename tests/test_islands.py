@@ -1,8 +1,8 @@
 import torch
 
-from workbench.probes.dtype.islands import fp32_islands
 from workbench.model.loading import load_pretrained
 from workbench.model.setups import qlora
+from workbench.probes.dtype.islands import fp32_islands
 
 
 def test_healthy_bf16_model_has_only_intentional_islands(demo):
@@ -10,7 +10,7 @@ def test_healthy_bf16_model_has_only_intentional_islands(demo):
     assert report.compute_dtype == "bfloat16"
     assert report.suspicious == []
     assert all("rotary" in i.intentional for i in report.islands)  # inv_freq buffers: fp32 on purpose
-    assert report.finding().verdict == "info"
+    assert report.findings()[0].verdict == "info"
 
 
 def test_planted_fp32_buffer_in_a_frozen_module_is_named_first(demo):
@@ -22,7 +22,7 @@ def test_planted_fp32_buffer_in_a_frozen_module_is_named_first(demo):
     block.register_buffer("std_bias", torch.zeros(8, dtype=torch.float32))  # the Gemma-4 shape of the leak
     model.model.language_model.norm.weight.data = model.model.language_model.norm.weight.data.float()
     report = fp32_islands(model)
-    finding = report.finding()
+    finding = report.findings()[0]
     assert finding.verdict == "warn"
     names = [i.name for i in report.suspicious]
     assert names[0] == "model.visual.blocks.0.std_bias"
@@ -35,7 +35,7 @@ def test_qlora_preparation_upcasts_on_purpose_and_says_so(demo):
 
     model = qlora(str(demo.qwen_stage1), adapter=str(demo.qwen_stage2))
     report = fp32_islands(model)
-    finding = report.finding()
+    finding = report.findings()[0]
     # prepare_model_for_kbit_training leaves every non-quantized parameter fp32: consistent, intentional
     assert finding.verdict == "info" and report.suspicious == []
     assert "prepare_model_for_kbit_training" in finding.detail and f"peft {version('peft')}" in finding.detail
@@ -47,7 +47,7 @@ def test_legacy_trl_casting_mixes_fp32_norms_with_a_bf16_head_and_warns(demo):
     from workbench.model.setups import qlora_trl_legacy
 
     report = fp32_islands(qlora_trl_legacy(str(demo.qwen_stage1), adapter=str(demo.qwen_stage2)))
-    finding = report.finding()
+    finding = report.findings()[0]
     assert finding.verdict == "warn"
     language = [i.name for i in report.suspicious if i.component == "language"]
     assert language and all(name.endswith("norm.weight") for name in language)  # fp32 norms, before a bf16 head

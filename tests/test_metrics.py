@@ -2,9 +2,18 @@ import math
 
 import pytest
 
-from workbench.demo.grounding import GroundingRow, make_sample
-from workbench.probes.evaluation.metrics import (METRICS, SampleRecord, box_iou, compute_metrics, evaluate_samples, metrics_table,
-                               register_metric, summarize, teacher_forced_inputs, teacher_forced_scores)
+from workbench.model.vlm_batches import teacher_forced_inputs
+from workbench.probes.evaluation.generation import evaluate_samples, teacher_forced_scores
+from workbench.probes.evaluation.metrics import (
+    METRICS,
+    SampleRecord,
+    box_iou,
+    compute_metrics,
+    metrics_table,
+    register_metric,
+    summarize,
+)
+from workbench.tasks.grounding import GroundingRow, make_sample
 
 
 @pytest.mark.parametrize("a, b, expected", [
@@ -51,7 +60,7 @@ def test_summary_counts_every_kind_of_failure():
     assert summary["errors"] == {"dataset": 1, "exception": 1, "parse": 1}
 
 
-def test_the_seeds_table():
+def test_the_grounding_table():
     perfect = [SampleRecord(0, "[0, 0, 1, 1]", (0, 0, 1, 1), "[0, 0, 1, 1]", (0, 0, 1, 1), iou=1.0)]
     table = metrics_table({"base": _records(), "r1-llm-only": perfect})
     assert [row["Model"] for row in table] == ["base", "r1-llm-only"]

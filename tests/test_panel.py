@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from workbench.display.nodes import Bold, Code, Details, Display, Heading, Paragraph, Pre, Table
 from workbench.interactive.lab import free_loopback_port, workspace
 from workbench.interactive.panel import GROUPS, Panel, PanelSession
-from workbench.report.display import Bold, Code, Details, Display, Heading, Paragraph, Pre, Table
 
 
 def test_the_path_box_validates_and_shows_the_base_an_adapter_resolves_to(demo, tmp_path):
@@ -69,10 +69,10 @@ def test_results_print_as_text_from_the_blocks_their_html_comes_from(demo):
     import workbench as wb
 
     target = wb.resolve_target(str(demo.qwen_stage2))
-    text = repr(wb.checkpoint_probe(target))
+    text = str(wb.checkpoint_probe(target))
     assert "object at 0x" not in text and "checkpoint.integrity" in text and "PASS" in text
     assert "vision" in text and "language" in text  # the census table, as columns
-    assert repr(target).splitlines()[0].startswith("checkpoint")
+    assert str(target).splitlines()[0].startswith("checkpoint")
 
 
 def test_a_heading_and_a_table_print_as_aligned_text_and_render_as_html():
@@ -104,8 +104,9 @@ def test_html_and_text_show_the_same_cells(demo):
     import workbench as wb
 
     result = wb.checkpoint_probe(wb.resolve_target(str(demo.qwen_stage2)))
-    shown = result.display()
-    assert shown.html() == result._repr_html_() and shown.text() == repr(result)
+    shown = result.view()
+    bundle = result._repr_mimebundle_()
+    assert shown.html() == bundle["text/html"] and shown.text() == bundle["text/plain"] == str(result)
     tables = [b for b in shown.blocks if isinstance(b, Table)]
     census = next(t for t in tables if t.columns and "dtype" in t.columns)
     for row in census.rows:

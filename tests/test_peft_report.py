@@ -1,6 +1,6 @@
-from workbench.probes.peft.probes import peft_attribute_probe, peft_layer_status_probe, with_setup_attributes
 from workbench.model.setups import prepare_model
 from workbench.model.target import resolve_target
+from workbench.probes.peft.probes import peft_attribute_probe, peft_layer_status_probe, with_setup_attributes
 
 
 def test_stage2_attributes_survive_and_forwarding_is_marked(demo):

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from workbench.demo.grounding import read_dataset
-from workbench.model.inputs import load_vlm_parts
-from workbench.probes.evaluation.metrics import compute_metrics, evaluate_samples
 from workbench.demo.training import RECIPES, TrainingSettings, build_recipes, train_recipe
+from workbench.model.inputs import load_vlm_parts
+from workbench.probes.evaluation.generation import evaluate_samples
+from workbench.probes.evaluation.metrics import compute_metrics
+from workbench.tasks.grounding import read_dataset
 
-RECIPE_NAMES = ["r1-llm-only", "r2-vision-only", "r3-stage2", "r4-joint"]    # what the seeds' table compares
+RECIPE_NAMES = ["r1-llm-only", "r2-vision-only", "r3-stage2", "r4-joint"]    # what the grounding table compares
 
 pytestmark = pytest.mark.slow  # torchrun ranks / real training: not in the fast tier
 
@@ -79,7 +80,7 @@ def test_adapters_record_the_base_they_were_trained_on(recipes):
 
     for name in ("r1-llm-only", "r2-vision-only", "r4-joint"):
         assert recorded_base(name) == str(recipes["grounding-base"])
-    assert recorded_base("r3-stage2") == str(recipes["r3-stage1"])      # the seeds' two-stage lineage
+    assert recorded_base("r3-stage2") == str(recipes["r3-stage1"])      # the two-stage lineage
 
 
 def test_each_recipe_trained_only_what_its_name_says(recipes, demo):

@@ -19,7 +19,7 @@ def test_release_lines_resolve():
     assert line("5.6.0.dev0").since == "5.6"
 
 
-def test_the_table_holds_the_facts_of_design_md():
+def test_the_table_holds_the_facts_read_from_the_released_wheels():
     # 8-bit guard from 4.28
     assert decide(line("4.27"), n_gpu=2, is_loaded_in_8bit=True)["wraps_data_parallel"]
     assert not decide(line("4.28"), n_gpu=2, is_loaded_in_8bit=True)["wraps_data_parallel"]
@@ -36,11 +36,11 @@ def test_the_table_holds_the_facts_of_design_md():
     flags = dict(is_parallelizable=True, model_parallel=True)
     assert not decide(line("4.30"), n_gpu=2, **flags)["wraps_data_parallel"]
     assert decide(line("5.0"), n_gpu=2, **flags)["wraps_data_parallel"]
-    # 5.6 guards 4-bit: the seeds' run (4.x, 4-bit, {'': 0}, 2 GPUs) was wrapped
-    seeds = dict(n_gpu=2, hf_device_map={"": 0}, is_loaded_in_4bit=True)
-    assert decide(line("4.46"), **seeds)["wraps_data_parallel"]
-    assert not decide(line("5.6"), **seeds)["wraps_data_parallel"]
-    assert all(row["source"] for row in verdicts_across_releases(**seeds))
+    # 5.6 guards 4-bit: a 2024 run (4.x, 4-bit, {'': 0}, 2 GPUs) was wrapped
+    run_2024 = dict(n_gpu=2, hf_device_map={"": 0}, is_loaded_in_4bit=True)
+    assert decide(line("4.46"), **run_2024)["wraps_data_parallel"]
+    assert not decide(line("5.6"), **run_2024)["wraps_data_parallel"]
+    assert all(row["source"] for row in verdicts_across_releases(**run_2024))
 
 
 SCENARIOS = [

@@ -54,10 +54,10 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, 
     wrap = next(f for f in report["findings"] if f["id"] == "parallel.trainer_wrap")
     assert wrap["verdict"] == "warn" and "136 → 68" in wrap["title"] and "BFloat16" in wrap["detail"]
     assert [n["status"] for n in report["notebooks"]] == ["ok"] * 8
-    # notebook 00: the demo's saved files are healthy (its seeds' story is in the set-up, not in the files)
+    # notebook 00: the demo's saved files are healthy (its defects are in the set-up, not in the files)
     assert {verdicts[c] for c in checks_of("00_saved_files") - {"adapter.targets"}} == {"pass"}
     assert verdicts["adapter.targets"] == "info"
-    # the seeds' configuration (fp32 norms, bf16 lm_head) fails without autocast and in the replica thread
+    # the float != BFloat16 configuration (fp32 norms, bf16 lm_head) fails without autocast and in the replica thread
     assert verdicts["forward.scenarios"] == "fail" and verdicts["forward.dtype_flow"] == "fail"
     flow = next(f for f in report["findings"] if f["id"] == "forward.dtype_flow")
     assert "lm_head" in flow["title"] and "norm" in flow["title"]
@@ -69,7 +69,7 @@ def test_diagnose_without_ckpt_builds_and_diagnoses_the_demo(demo, demo_report, 
     # code hidden, one click away; markdown (also in .jp-Cell-inputWrapper in the lab template) stays visible
     assert ".jp-CodeCell .jp-Cell-inputWrapper { display: none; }" in html and "show code" in html
     assert "\n.jp-Cell-inputWrapper { display: none; }" not in html  # unscoped, it would hide markdown
-    assert "qwen2vl-base: predicted 4bit" in html  # the seeds' base-vs-checkpoint comparison row
+    assert "qwen2vl-base: predicted 4bit" in html  # the base-vs-checkpoint comparison row
     index = (folder / "index.html").read_text()
     assert 'href="01_dtype_distribution.html"' in index and "dtype.fp32_islands" in index
     assert report["target"]["quant"] == "4bit" and report["target"]["gpus"] == 2
@@ -160,15 +160,15 @@ def test_notebooks_run_side_by_side_only_when_two_copies_fit_easily(demo, monkey
 
     target = resolve_target(str(demo.llama))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr("workbench.resources.available_bytes", lambda: (16 * 1024**3, "test"))
+    monkeypatch.setattr("workbench.model.memory.available_bytes", lambda: (16 * 1024**3, "test"))
     from workbench.report.runner import parallel_jobs
 
     assert parallel_jobs(target, 4) == 2
     assert parallel_jobs(target, 1) == 1
-    monkeypatch.setattr("workbench.resources.estimated_load_bytes", lambda t: 3 * 1024**3)  # a 3 GB model
+    monkeypatch.setattr("workbench.model.memory.estimated_load_bytes", lambda t: 3 * 1024**3)  # a 3 GB model
     assert parallel_jobs(target, 4) == 1
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    monkeypatch.setattr("workbench.resources.estimated_load_bytes", lambda t: 1000)
+    monkeypatch.setattr("workbench.model.memory.estimated_load_bytes", lambda t: 1000)
     assert parallel_jobs(target, 4) == 1
 
 
@@ -200,4 +200,4 @@ def test_a_healthy_checkpoint_of_each_head_kind_diagnoses_clean_for_two_model_lo
     assert {n["status"] for n in report["notebooks"]} == {"ok"}
     assert not [(f.id, f.verdict, f.title) for f in findings if f.verdict in ("fail", "error")]
     assert report["cost"]["model_loads"] == 2 and report["cost"]["kernels_started"] == 1, report["cost"]
-    assert [l["notebook"] for l in report["cost"]["loads"]] == ["01_dtype_distribution", "03_peft_attributes"]
+    assert [load["notebook"] for load in report["cost"]["loads"]] == ["01_dtype_distribution", "03_peft_attributes"]

@@ -15,10 +15,10 @@ from workbench.probes.saved import config_checks as cc
 from workbench.probes.saved import tokenizer as tk
 from workbench.probes.saved.files import saved_files
 
-PROBES = {"adapter.weights": aw.adapter_weights, "adapter.targets": at.adapter_targets,
-          "tokenizer.vocab": tk.tokenizer_vocab, "tokenizer.special_tokens": tk.special_tokens,
-          "config.tied_embeddings": cc.tied_embeddings, "config.quantization": cc.quantization,
-          "config.generation": cc.generation_config}
+PROBES = {"adapter.weights": aw.adapter_weights_probe, "adapter.targets": at.adapter_targets_probe,
+          "tokenizer.vocab": tk.tokenizer_vocab_probe, "tokenizer.special_tokens": tk.special_tokens_probe,
+          "config.tied_embeddings": cc.tied_embeddings_probe, "config.quantization": cc.quantization_probe,
+          "config.generation": cc.generation_config_probe}
 
 
 def finding(check: str, model_dir, adapter_dir=None):
@@ -131,8 +131,8 @@ def test_a_no_op_adapter_fails_and_a_partly_untrained_one_names_what_never_moved
                                        for k, v in t.items()})
     f = finding("adapter.weights", demo.qwen_stage1, partly)
     assert f.verdict == "pass" and "7 never moved" in f.title and "layers.1." in f.detail
-    result = aw.adapter_weights(saved_files(demo.qwen_stage1, partly))
-    assert "data:image/png;base64" in result._repr_html_() and "‖B·A‖·scaling" in repr(result)
+    result = aw.adapter_weights_probe(saved_files(demo.qwen_stage1, partly))
+    assert "data:image/png;base64" in result.view().html() and "‖B·A‖·scaling" in str(result)
 
 
 def test_nan_in_an_adapter_fails(demo, copy_of):
@@ -329,7 +329,7 @@ def test_the_notebook_steps_report_every_check_on_the_demo(demo, tmp_path):
     found = {f.id: f.verdict for f in nb.recorder.findings}
     assert set(found) == set(notebook("00_saved_files").checks)
     assert "error" not in found.values() and "fail" not in found.values() and "warn" not in found.values()
-    assert "Bytes read" in nb.results["files"]._repr_html_()
+    assert "Bytes read" in nb.results["files"].view().html()
 
 
 def test_a_tokenizer_that_does_not_load_is_an_error_of_the_tokenizer_checks(demo, copy_of):

@@ -8,7 +8,7 @@ from workbench.notebook import open_notebook
 
 
 def census_frame(nb):
-    return nb.run("census").census.to_frame().to_dict(orient="records")
+    return nb.run("census").to_frame().to_dict(orient="records")
 
 
 def test_the_model_is_prepared_once_and_every_changing_step_restores_it(demo, tmp_path):
@@ -36,7 +36,7 @@ def test_the_model_is_prepared_once_and_every_changing_step_restores_it(demo, tm
     assert all(torch.equal(weights[n], p) for n, p in model.named_parameters() if n in weights)  # no value changed
     again = open_notebook("01_dtype_distribution", **options)
     assert again.run("prepared") is prepared and census_frame(again) == before_census
-    assert [f.verdict for f in nb.recorder.findings if f.id == "forward.dtype_flow"] == ["fail"]  # still the seeds'
+    assert [f.verdict for f in nb.recorder.findings if f.id == "forward.dtype_flow"] == ["fail"]  # still the float != BFloat16 crash
 
 
 def test_restored_undoes_a_cast_a_freeze_a_mode_change_and_keeps_values_exact():
@@ -92,7 +92,7 @@ def test_a_model_too_big_for_two_copies_is_still_loaded_twice_not_three_times(de
 
     names = ("01_dtype_distribution", "02_dataparallel", "03_peft_attributes", "04_forward_checks")
     options = dict(checkpoint=str(demo.llama), params_json='{"real_quant_max_bytes": 0}')
-    monkeypatch.setattr("workbench.resources.two_copies_fit_easily", lambda target: False)
+    monkeypatch.setattr("workbench.model.memory.two_copies_fit_easily", lambda target: False)
     shared.free_shared()
     loads = len(LOADS)
     alone = run_notebooks(["03_peft_attributes"], tmp_path / "alone", **options)  # no list of notebooks: 2 loads

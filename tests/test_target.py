@@ -1,8 +1,8 @@
 import pytest
 
 from workbench.errors import UsageError
-from workbench.params import load_params
 from workbench.model.target import parse_max_memory, resolve_target
+from workbench.params import load_params
 
 
 def test_adapter_resolves_its_recorded_base(demo):
@@ -82,5 +82,5 @@ def test_the_shipped_parameters_file_is_valid():
     params = load_params(Path(__file__).resolve().parents[1] / "parameters" / "defaults.yaml")
     from workbench.probes.dtype.probes import DEFAULT_REAL_QUANT_MAX_BYTES
 
-    # the shipped file documents the code's default (issue 15: the prediction is the answer; verify only when cheap)
+    # the shipped file documents the code's default (the prediction is the answer; a real load verifies it when cheap)
     assert params["dataset_size"] == 272 and params["real_quant_max_bytes"] == DEFAULT_REAL_QUANT_MAX_BYTES

@@ -15,7 +15,7 @@ def hook_count(model):
 @pytest.fixture
 def fp32_norm_model(demo):
     model = load_pretrained(demo.qwen_base)
-    model.model.language_model.norm.float()  # norms fp32, lm_head bf16: the seeds' configuration
+    model.model.language_model.norm.float()  # norms fp32, lm_head bf16: the float != BFloat16 configuration
     inputs, _ = sample_inputs(model, demo.qwen_base)
     return model, inputs
 

@@ -1,15 +1,15 @@
 import torch
 
-from workbench.model.loading import load_pretrained
-from workbench.probes.parallel.probes import trainer_wrap_probe
-from workbench.probes.parallel.replica import replica_forward_check
 from workbench.model.inputs import sample_inputs
+from workbench.model.loading import load_pretrained
 from workbench.model.setups import prepare_model
 from workbench.model.target import resolve_target
+from workbench.probes.parallel.probes import trainer_wrap_probe
+from workbench.probes.parallel.replica import replica_forward_check
 from workbench.probes.parallel.trainer_wrap import observe_trainer
 
 
-def test_two_gpus_halve_the_steps_the_seeds_signature(demo):
+def test_two_gpus_halve_the_steps_the_dataparallel_signature(demo):
     model = load_pretrained(demo.qwen_base)
     one = observe_trainer(model, 1)
     two = observe_trainer(model, 2)
@@ -60,7 +60,7 @@ def test_one_gpu_passes(demo):
     assert report.findings()[0].verdict == "pass" and report.replica == []
 
 
-def test_seeds_stage2_names_the_releases_that_crash(demo):
+def test_the_demo_stage2_names_the_releases_that_crash(demo):
     target = resolve_target(str(demo.qwen_stage2), gpus=2, quant="4bit", setup="qlora_trl_legacy")
     finding = trainer_wrap_probe(prepare_model(target), target).findings()[0]
     assert finding.verdict == "warn" and "multiplied by 2" in finding.title

@@ -42,7 +42,7 @@ _SURFACE: dict[str, str] = {
     "predicted_quantized_census": "workbench.probes.dtype.census",
     "fp32_islands": "workbench.probes.dtype.islands",
     "DtypeTracer": "workbench.probes.dtype.tracer",
-    "mixed_precision_buffer_probe": "workbench.probes.dtype.buffers",
+    "mixed_precision_buffer_probe": "workbench.probes.forward.mixed_precision_buffers",
     "trainer_wrap_probe": "workbench.probes.parallel.probes",
     "device_map_probe": "workbench.probes.parallel.probes",
     "peft_attribute_probe": "workbench.probes.peft.probes",

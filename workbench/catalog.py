@@ -157,7 +157,7 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
         _PREPARE,
         Step("grads", "gradient flow", "workbench.probes.forward.grad_flow:grad_flow_probe", ("prepared", "target"),
              mutates=True, reports=("grad.flow",)),
-        Step("buffers", "mixed-precision buffers", "workbench.probes.dtype.buffers:mixed_precision_buffer_probe",
+        Step("buffers", "mixed-precision buffers", "workbench.probes.forward.mixed_precision_buffers:mixed_precision_buffer_probe",
              ("prepared", "target"), mutates=True, reports=("forward.mixed_precision_buffers",)),
         Step("forward", "forward matrix and dtype flow", "workbench.probes.forward.scenarios:forward_scenarios_probe",
              ("prepared", "target"), mutates=True, reports=("forward.scenarios", "forward.dtype_flow")),
@@ -313,7 +313,7 @@ CHECKS: tuple[Check, ...] = (
        "train batch and steps per epoch; does a forward survive a replica thread?",
        "what the **installed** `transformers.Trainer` does with the model when the process sees N GPUs: "
        "`is_model_parallel`, effective `n_gpu`, whether `_wrap_model` returns `nn.DataParallel`, train batch and "
-       "steps per epoch (the seeds' 136 → 68); a forward in a replica thread started under autocast; the verdict of "
+       "steps per epoch (136 → 68 on 2 GPUs); a forward in a replica thread started under autocast; the verdict of "
        "every other release line; the fixes with their trade-offs",
        **{"pass": "no wrap, batch as configured",
           "warn": "wrapped but the replica forward survives, or the batch is multiplied without a wrap",
@@ -382,7 +382,7 @@ CHECKS: tuple[Check, ...] = (
     _c("eval.metrics", "05_evaluation",
        "Per recipe: the metrics on the evaluation set, the best recipe and its gain over the base.",
        "every recipe (and the original base as a reference row) on the evaluation set: greedy answers parsed (`[x1, "
-       "y1, x2, y2]` or Qwen2-VL's `(x1,y1),(x2,y2)`), the seeds' table (Mean IoU, Det rate, IoU>0.5, IoU>0.7) plus "
+       "y1, x2, y2]` or Qwen2-VL's `(x1,y1),(x2,y2)`), the grounding table (Mean IoU, Det rate, IoU>0.5, IoU>0.7) plus "
        "exact match and teacher-forced loss / token accuracy from a metric registry; best recipe and its gain over "
        "the base; per-sample failures (parse errors, exceptions, unreadable dataset rows) kept and shown",
        **{"pass": "every recipe evaluated",
@@ -420,7 +420,7 @@ CHECKS: tuple[Check, ...] = (
        "find_unused_parameters against reentrant checkpointing.",
        "under `torchrun --nproc_per_node N` (gloo on CPU, nccl with a GPU per rank), your set-up on every rank, "
        "wrapped in DDP: names gain `module.` (name-based selections counted on the bare model and on the wrapper — "
-       "the seeds' \"Base parameters enabled: 0\"); gradients present and equal on every rank after all-reduce (each "
+       "\"Base parameters enabled: 0\"); gradients present and equal on every rank after all-reduce (each "
        "rank its own batch); trainable tensors off the forward path; the installed Trainer's "
        "`find_unused_parameters` against reentrant checkpointing (\"Expected to mark a variable ready only once\"), "
        "the fixes tried; the DataLoader start method",

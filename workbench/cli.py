@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 from workbench.errors import UsageError
+from workbench.findings import FAILING_VERDICTS
 from workbench.runtime import quiet_and_offline, skip_slow_optional_imports
 
 
@@ -66,9 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_demo(args) -> int:
-    from workbench.demo.build import build_demo
-
-    from workbench.demo.build import build_demo_recipes
+    from workbench.demo.build import build_demo, build_demo_recipes
 
     paths = build_demo(force=args.force)
     for label in ("qwen_base", "qwen_stage1", "qwen_stage2", "llama"):
@@ -90,7 +89,6 @@ def cmd_lab(args) -> int:
 def cmd_census(args) -> int:
     from workbench.model.target import resolve_target
     from workbench.probes.dtype.headers import checkpoint_probe
-    from workbench.report.text import text_table
 
     target = resolve_target(args.checkpoint, trust_remote_code=args.trust_remote_code, headers_only=True)
     result = checkpoint_probe(target)
@@ -100,10 +98,8 @@ def cmd_census(args) -> int:
     if args.json:
         print(json.dumps({"integrity": finding.to_dict(), "census": rows, "header_bytes_read": read}, indent=2))
     else:
-        print(f"checkpoint.integrity: {finding.verdict}: {finding.title}")
-        print(text_table(["source", "component", "dtype", "tensors", "elements", "bytes"], rows))
-        print(f"header bytes read: {read:,} (no weight loaded)")
-    return 1 if finding.verdict in ("fail", "error") else 0
+        print(result)  # the same view as notebook 01's: the integrity finding, then the census
+    return 1 if finding.verdict in FAILING_VERDICTS else 0
 
 
 def cmd_checks(args) -> int:
@@ -156,9 +152,11 @@ def cmd_diagnose(args) -> int:
     folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=args.notebooks,
                                 cell_timeout=args.cell_timeout, jobs=jobs, kernel=kernel,
                                 extra_parameters={"distributed": args.distributed})
-    for f in findings:
-        if f.verdict in ("fail", "error"):
-            print(f"{f.verdict}: {f.id}: {f.title}")
+    failing = [f for f in findings if f.verdict in FAILING_VERDICTS]
+    if failing:
+        from workbench.display.findings_view import findings_block
+
+        print(findings_block(failing).text())
     print(f"report: {folder}")
     return exit_code(findings)
 

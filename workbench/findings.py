@@ -1,7 +1,8 @@
 """The findings model: one verdict of one check, with its evidence and its fix.
 
-A probe returns a result object; the result turns itself into `Finding`s. Notebooks record them in a
-JSON sidecar (`FindingsRecorder`), which the report runner merges into `findings.json`.
+Pure data: a probe returns a result object (`workbench.display.result.ProbeResult`), which turns its evidence into
+`Finding`s; notebooks record them in a JSON sidecar (`FindingsRecorder`), which the report runner merges into
+`findings.json`. How a finding looks is the display package's business (`workbench.display.findings_view`).
 
     >>> f = Finding("dtype.census", "pass", "Dtype census", "2 dtypes in 3 components")
     >>> f.to_dict()["verdict"]
@@ -21,10 +22,6 @@ Verdict = Literal["pass", "info", "warn", "fail", "error", "skip"]
 
 # Worst first: the order a report lists findings in.
 VERDICT_ORDER: tuple[Verdict, ...] = ("error", "fail", "warn", "info", "skip", "pass")
-VERDICT_COLOURS = {
-    "error": "#7b1fa2", "fail": "#c62828", "warn": "#ef6c00",
-    "info": "#1565c0", "skip": "#757575", "pass": "#2e7d32",
-}
 FAILING_VERDICTS = frozenset({"fail", "error"})
 
 
@@ -73,15 +70,6 @@ class Finding:
             evidence={"traceback": "".join(traceback.format_exception(exc))[-8000:]},
             fix="Read the traceback in the evidence; if the input is at fault, fix it and re-run.",
         )
-
-    def display(self):
-        from workbench.report.display import Display
-        from workbench.report.html import findings_block
-
-        return Display(findings_block([self]))
-
-    def _repr_html_(self) -> str:
-        return self.display().html()
 
 
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from workbench.catalog import NotebookSpec, notebook
-from workbench.report.text import TextRepr
+from workbench.display.result import Displayable
 
 TARGET_OPTIONS: dict[str, Any] = {
     "checkpoint": "", "adapter": "", "base": "", "quant": "none", "gpus": 1, "setup": "plain", "device_map": "",
@@ -48,7 +48,7 @@ def with_demo_fallback(options: Mapping[str, Any]) -> tuple[dict[str, Any], bool
     return options, True
 
 
-class NotebookSession(TextRepr):
+class NotebookSession(Displayable):
     """One notebook's target, recorder and step results. `run(name)` runs a step of the catalog's sequence."""
 
     def __init__(self, spec: NotebookSpec, target, recorder, options: Mapping[str, Any]) -> None:
@@ -111,8 +111,8 @@ class NotebookSession(TextRepr):
         value = self.results[name]
         return None if ref.endswith("?") and isinstance(value, Failed) else value
 
-    def display(self):
-        return self.target.display()
+    def view(self):
+        return self.target.view()
 
 
 def _guarded(prepared):

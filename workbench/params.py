@@ -15,7 +15,7 @@ from typing import Any
 from workbench.errors import UsageError
 
 SCHEMA: dict[str, type] = {"components": dict, "real_quant_max_bytes": int, "compare": list,
-                           # the training run notebook 02 simulates (the seeds': 272 samples, 2 per GPU -> 136 steps)
+                           # the training run notebook 02 simulates (the demo's write-up: 272 samples, 2 per GPU -> 136 steps)
                            "dataset_size": int, "per_device_train_batch_size": int,
                            "gradient_accumulation_steps": int,
                            # a safetensors file of forward inputs, for models whose inputs cannot be built

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench.catalog import CHECK_IDS, NOTEBOOKS
+from workbench.display.result import Displayable
 from workbench.findings import Finding, sort_findings, write_json_atomic
-from workbench.report.text import TextRepr
 
 
 @dataclasses.dataclass(repr=False)
-class Failed(TextRepr):
+class Failed(Displayable):
     """What a probe returned when it crashed or could not run: the step, the checks it reports, why."""
 
     step: str
@@ -43,8 +43,11 @@ class Failed(TextRepr):
     def __bool__(self) -> bool:
         return False
 
-    def display(self):
-        from workbench.report.display import Bold, Box, Code, Details, Display, Inline, Pre
+    def __repr__(self) -> str:
+        return f"<Failed {self.named}: {self.message[:120]}>"
+
+    def view(self):
+        from workbench.display.nodes import Bold, Box, Code, Details, Display, Inline, Pre
 
         debug = self.exception is not None
         hint = Inline(" · ", Code("%debug"), " opens the debugger at the failure") if debug else None
@@ -54,11 +57,11 @@ class Failed(TextRepr):
     def reraise(self) -> None:
         """Raise the original exception again (with its traceback), e.g. to step into it."""
         if self.exception is None:
-            raise RuntimeError(repr(self))
+            raise RuntimeError(str(self))
         raise self.exception
 
 
-class FindingsRecorder(TextRepr):
+class FindingsRecorder(Displayable):
     def __init__(self, path: str | Path, notebook: str, *, interactive: bool = False) -> None:
         self.path = Path(path)
         self.notebook = notebook
@@ -113,8 +116,8 @@ class FindingsRecorder(TextRepr):
         write_json_atomic(self.path, {"notebook": self.notebook, "cost": self.cost,
                                       "findings": [f.to_dict() for f in sort_findings(self.findings)]})
 
-    def display(self):
-        from workbench.report.display import Display, Heading
-        from workbench.report.html import findings_block
+    def view(self):
+        from workbench.display.findings_view import findings_block
+        from workbench.display.nodes import Display, Heading
 
         return Display(Heading(f"Findings · {self.notebook}", level=3), findings_block(self.findings))

@@ -1,4 +1,4 @@
-"""The bundled demo: the seeds' two-stage story in miniature, built offline and deterministically.
+"""The bundled demo: a two-stage Qwen2-VL fine-tune in miniature (docs/demo.md), built offline and deterministically.
 
     qwen2vl-base/      tiny Qwen2-VL, bf16, with a locally trained tokenizer and a Qwen2-VL processor
     qwen2vl-stage1/    the base with its vision tower fine-tuned (full model, bf16)
@@ -222,7 +222,7 @@ def demo_recipes_ready(root: str | Path | None = None) -> bool:
 
 
 def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=print) -> DemoRecipes:
-    """The seeds' four recipe shapes, trained for real on the CPU on the synthetic grounding task (a few minutes
+    """The four recipe shapes of the write-up (docs/demo.md), trained for real on the CPU on the synthetic grounding task (a few minutes
     once; cached under its own stamp beside the demo), with the recipes file notebook 05 evaluates."""
     import yaml
 
@@ -241,7 +241,7 @@ def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=
         for adapter in building.glob("*/adapter_config.json"):
             text = adapter.read_text().replace(str(building), str(target))
             adapter.write_text(text)
-        # the reference row: the base that already writes boxes (as Qwen2-VL-Instruct did for the seeds), which
+        # the reference row: the base that already writes boxes (as Qwen2-VL-Instruct did in the write-up), which
         # every recipe was trained from; the random demo base could not even answer
         listing = {"base": "grounding-base", "dataset": "grounding-eval", "max_new_tokens": 24,
                    "recipes": [{"name": n.replace("r3-stage2", "r3-two-stage"), "path": n} for n in RECIPE_ORDER
@@ -258,7 +258,7 @@ def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=
 
 @dataclasses.dataclass(frozen=True)
 class DemoArguments:
-    """How `make diagnose` with no CKPT diagnoses the demo: the seeds' stage 2 as their 2024 SFTTrainer prepared it
+    """How `make diagnose` with no CKPT diagnoses the demo: its stage 2 as a 2024-era trl SFTTrainer prepared it
     (4-bit, QLoRA, older trl's bf16 casting, 2 GPUs)."""
 
     checkpoint: str

@@ -1,4 +1,4 @@
-"""The seeds' four fine-tuning recipes, trained for real on the CPU from the demo's tiny Qwen2-VL.
+"""The four fine-tuning recipes of the demo's write-up (docs/demo.md), trained for real on the CPU from the demo's tiny Qwen2-VL.
 
     grounding-base   the demo base taught the answer format: language model + lm_head fully trained on answers
                      shuffled between images, so it writes boxes but does not find them (a full checkpoint)
@@ -8,7 +8,7 @@
     r3-stage2        LoRA on the language model trained on r3-stage1: its adapter_config.json names r3-stage1
     r4-joint         LoRA on the vision tower and the language model together
 
-Why a format base: the seeds' recipes started from Qwen2-VL-7B-Instruct, which already writes boxes (their base
+Why a format base: the write-up's recipes started from Qwen2-VL-7B-Instruct, which already writes boxes (their base
 scored 0.098 mean IoU). The demo base is random: its lm_head rows are so small that no hidden state gives a token
 more than a ~2.5 logit margin, and its language model carries no answer format, so a recipe that adapts only the
 vision tower could never learn to answer. `grounding-base` plays the instruct model's part: fluent in the format,
@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from workbench.demo.grounding import GroundingRow, read_dataset, write_dataset
-from workbench.probes.evaluation.metrics import collate_teacher_forced, teacher_forced_inputs
+from workbench.model.vlm_batches import collate_teacher_forced, teacher_forced_inputs
+from workbench.tasks.grounding import GroundingRow, read_dataset, write_dataset
 
 RECIPES_VERSION = "1"
 LLM_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"

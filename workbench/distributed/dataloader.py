@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from workbench.distributed.step import short_error
+from workbench.distributed.train_step import short_error
 
 
 def _cuda_collate(batch):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.paths import PROJECT_ROOT as PACKAGE_ROOT  # the folder holding the workbench package
+
 GRACE_SECONDS = 5.0
 TAIL_CHARS = 6000
 

@@ -5,7 +5,7 @@
     report.findings()
 
 DDP: parameter names gain `module.` (a name-based selection that found N tensors on the bare model finds 0 on the
-wrapper: the seeds' "Base parameters enabled: 0"); gradients present and equal on every rank after all-reduce,
+wrapper: "Base parameters enabled: 0"); gradients present and equal on every rank after all-reduce,
 although each rank had its own batch; trainable tensors that get no gradient (DDP then needs
 `find_unused_parameters=True`); the Trainer's own `find_unused_parameters` against reentrant gradient
 checkpointing ("Expected to mark a variable ready only once"), with the fixes tried. FSDP2: `fully_shard` on the
@@ -24,53 +24,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workbench.distributed.ddp import READY_TWICE, ddp_finding, grad_agreement
-from workbench.distributed.fsdp import fsdp_finding
-from workbench.findings import Finding
-from workbench.report.text import TextRepr
+from workbench.display.result import ProbeResult
+from workbench.distributed.ddp_verdict import ddp_finding
+from workbench.distributed.fsdp_verdict import fsdp_finding
 from workbench.distributed.launcher import RankRun, backend_for, launch_ranks
+from workbench.distributed.rank_results import RankResults
+from workbench.findings import Finding
 
-# READY_TWICE and grad_agreement live in distributed_ddp; importable from here as before
-__all__ = ["READY_TWICE", "DistributedResult", "distributed_probe", "grad_agreement"]
+__all__ = ["DistributedResult", "distributed_probe"]
 
 CHECK_IDS = {"ddp": "distributed.ddp", "fsdp": "distributed.fsdp"}
 
 
 @dataclasses.dataclass(repr=False)
-class DistributedResult(TextRepr):
+class DistributedResult(RankResults, ProbeResult):
     """Each rank's result file, the launch, and the findings both checks draw from them."""
 
-    ranks: int
-    backend: str
-    checks: tuple[str, ...]
-    results: dict[int, dict[str, Any]]
-    launch: dict[str, Any]  # RankRun.as_evidence()
     skipped: dict[str, str] | None = None  # why nothing was launched: title, detail, fix
-
-    # ----- reading the rank files -----
-    def section(self, name: str, rank: int = 0) -> dict[str, Any] | None:
-        return (self.results.get(rank) or {}).get("sections", {}).get(name)
-
-    def complete(self, name: str) -> bool:
-        return all(self.section(name, r) is not None for r in range(self.ranks))
-
-    def trials(self, rank: int = 0) -> list[dict[str, Any]]:
-        return (self.section("ddp", rank) or {}).get("trials", [])
-
-    def trial(self, role: str) -> list[dict[str, Any]]:
-        """The first trial with this role, one entry per rank."""
-        first = next((t for t in self.trials(0) if t["role"] == role), None)
-        return self.trial_named(first["label"]) if first else []
-
-    def trial_named(self, label: str) -> list[dict[str, Any]]:
-        return [next((t for t in self.trials(r) if t["label"] == label), {}) for r in range(self.ranks)]
-
-    def prefix_rows(self) -> list[dict[str, Any]]:
-        return ((self.section("ddp") or {}).get("names") or {}).get("selections", [])
-
-    def launch_summary(self) -> dict[str, Any]:
-        """The launch without torchrun's output: what each finding's evidence carries."""
-        return {k: v for k, v in self.launch.items() if k != "output_tail"}
 
     # ----- findings -----
     def findings(self) -> list[Finding]:
@@ -111,15 +81,13 @@ class DistributedResult(TextRepr):
                        "torchrun's output is in the evidence.", evidence, "Read torchrun's output in the evidence.")
 
     # ----- display -----
-    def display(self):
-        from workbench.report.display import Code, Details, Display, Heading, Paragraph, Pre, Table
-        from workbench.report.html import findings_block
-
+    def details(self):
+        from workbench.display.nodes import Code, Details, Display, Heading, Paragraph, Pre, Table
         if self.skipped:
-            return Display(findings_block(self.findings()))
+            return Display()
         parts = [Heading(f"Under torchrun: {self.ranks} rank(s), {self.backend}", level=3),
                  Paragraph(f"{self.launch.get('command', '')} — {self.launch.get('seconds', 0)} s"),
-                 findings_block(self.findings()), Heading("Rank by rank"), Table.from_records(self.rank_rows())]
+                 Heading("Rank by rank"), Table.from_records(self.rank_rows())]
         if self.prefix_rows():
             names = (self.section("ddp") or {}).get("names", {})
             bare, wrapped = (names.get("bare_example") or [""])[0], (names.get("wrapped_example") or [""])[0]
@@ -173,7 +141,7 @@ def _seconds(data: dict[str, Any]) -> Any:
 def _memory_refusal(target, ranks: int) -> dict[str, str] | None:
     """Every rank loads the model: refuse before launching when the copies cannot fit (params' memory_limit_bytes
     or what is available), as a single load is refused."""
-    from workbench.resources import available_bytes, estimated_load_bytes
+    from workbench.model.memory import available_bytes, estimated_load_bytes
 
     need = estimated_load_bytes(target) * ranks
     limit = target.params.get("memory_limit_bytes")

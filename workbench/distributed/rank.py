@@ -47,8 +47,8 @@ def run_rank(spec: dict[str, Any], log: RankLog) -> None:
     import torch
     import torch.distributed as dist
 
-    from workbench.runtime import quiet_and_offline
     from workbench.model.target import resolve_target
+    from workbench.runtime import quiet_and_offline
 
     torch.set_num_threads(1)  # ranks share the machine's cores
     quiet_and_offline()

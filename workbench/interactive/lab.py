@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Iterator
 
 from workbench.errors import UsageError
-
 from workbench.paths import NOTEBOOK_DIR
+
 WORKSPACE = "workbench"
 PANEL_NOTEBOOK = "panel.ipynb"
 

@@ -179,7 +179,7 @@ class Panel:
         display(self.widget)
 
     def validate(self) -> Target | None:
-        from workbench.report.html import esc
+        from workbench.display.nodes import esc
 
         try:
             self.target = self.session.validate(self.path.value, base=self.base.value, quant=self.quant.value,
@@ -194,7 +194,7 @@ class Panel:
         return self.target
 
     def run(self) -> list[Finding]:
-        from workbench.report.html import esc
+        from workbench.display.nodes import esc
 
         if self.validate() is None:
             return []

@@ -13,9 +13,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.safetensors_header import FLOATING_DTYPES, HeaderError, SafetensorsHeader, read_header
-from workbench.report.text import TextRepr
 
 INDEX_NAMES = ("model.safetensors.index.json", "adapter_model.safetensors.index.json")
 SINGLE_NAMES = ("model.safetensors", "adapter_model.safetensors")
@@ -45,23 +45,23 @@ class CheckpointInspection:
     def tensor_count(self) -> int:
         return sum(len(h.tensors) for h in self.headers)
 
-    def finding(self) -> Finding:
+    def findings(self) -> list[Finding]:
         files = [h.path.name for h in self.headers] + self.pickle_files
         evidence = {"folder": str(self.folder), "kind": self.kind, "files": files, "tensors": self.tensor_count,
                     "weight_bytes": self.weight_bytes, "header_bytes_read": self.bytes_read,
                     "problems": self.problems, "warnings": self.warnings}
         if self.problems:
-            return Finding("checkpoint.integrity", "fail", f"Checkpoint is damaged: {self.problems[0]}",
-                           "; ".join(self.problems[:10]), evidence,
-                           "Re-download or re-save the checkpoint (save_pretrained); do not train or evaluate on it "
-                           "until this check passes.")
+            return [Finding("checkpoint.integrity", "fail", f"Checkpoint is damaged: {self.problems[0]}",
+                            "; ".join(self.problems[:10]), evidence,
+                            "Re-download or re-save the checkpoint (save_pretrained); do not train or evaluate on it "
+                            "until this check passes.")]
         if self.warnings:
-            return Finding("checkpoint.integrity", "warn", f"Checkpoint loads, with oddities: {self.warnings[0]}",
-                           "; ".join(self.warnings[:10]), evidence,
-                           "Remove stray or duplicate weight files so that every loader reads the same tensors.")
-        return Finding("checkpoint.integrity", "pass", "Checkpoint files are complete and consistent",
-                       f"{len(files)} weight file(s), {self.tensor_count} tensors, {self.weight_bytes:,} bytes of "
-                       f"weights; headers read: {self.bytes_read:,} bytes.", evidence)
+            return [Finding("checkpoint.integrity", "warn", f"Checkpoint loads, with oddities: {self.warnings[0]}",
+                            "; ".join(self.warnings[:10]), evidence,
+                            "Remove stray or duplicate weight files so that every loader reads the same tensors.")]
+        return [Finding("checkpoint.integrity", "pass", "Checkpoint files are complete and consistent",
+                        f"{len(files)} weight file(s), {self.tensor_count} tensors, {self.weight_bytes:,} bytes of "
+                        f"weights; headers read: {self.bytes_read:,} bytes.", evidence)]
 
 
 def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
@@ -138,7 +138,7 @@ def inspect_checkpoint(folder: str | Path) -> CheckpointInspection:
 
 
 @dataclasses.dataclass(repr=False)
-class StaticCensus(TextRepr):
+class StaticCensus(ProbeResult):
     """Per component and dtype: tensor count, elements, bytes, straight from the headers."""
 
     rows: list[dict[str, Any]]
@@ -164,8 +164,8 @@ class StaticCensus(TextRepr):
 
         return pd.DataFrame(self.rows, columns=["source", "component", "dtype", "tensors", "elements", "bytes"])
 
-    def display(self):
-        from workbench.report.display import Display, Paragraph, Table
+    def details(self):
+        from workbench.display.nodes import Display, Paragraph, Table
 
         return Display(Paragraph(f"Read {self.bytes_read:,} header bytes; no weight was loaded. Keys mapped via "
                                  f"{self.key_mapping}."), Paragraph(self.tied_note()) if self.tied else None,

@@ -151,7 +151,7 @@ def sample_inputs(model, folder: str | Path, text: str = "What is in this image?
                   inputs_file: str | None = None) -> tuple[dict, str]:
     """Inputs that fit the model, and how they were made: the user's tensors (a safetensors file named by the
     parameters' `forward_inputs`); for a VLM image + text — through the checkpoint's tokenizer and image processor
-    (the seeds' red 224x224 test image), its saved processor, or built from the config (image token id, the vision
+    (a red 224x224 test image), its saved processor, or built from the config (image token id, the vision
     tower's image and patch size, the number of image tokens the model expects); tokenized text; or random token
     ids. Labels are added separately (`with_labels`), to fit the head."""
     import torch

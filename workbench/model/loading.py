@@ -16,6 +16,7 @@ import torch
 
 from workbench.errors import UsageError
 from workbench.model.bnb_cpu_layout import keep_training_layout
+from workbench.model.heads import CLASSIFIER_MODULES, head_of_class
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -115,13 +116,11 @@ def meta_model(config, dtype: torch.dtype | None = None, quantization_config=Non
 
 
 def bnb_config(quant: str, compute_dtype: torch.dtype = torch.bfloat16, model_class=None):
-    """The seeds' quantization: nf4 + double quant + bf16 compute for 4-bit; LLM.int8 for 8-bit. Given the model
+    """The usual QLoRA quantization: nf4 + double quant + bf16 compute for 4-bit; LLM.int8 for 8-bit. Given the model
     class, a classification head stays unquantized (it is trained: PEFT's modules_to_save), for loads and
     meta-device predictions alike."""
     config = _bnb_config(quant, compute_dtype)
     if config is not None and model_class is not None:
-        from workbench.model.heads import CLASSIFIER_MODULES, head_of_class
-
         if head_of_class(model_class) in ("seq_cls", "token_cls"):
             config.llm_int8_skip_modules = list(CLASSIFIER_MODULES)
     return config

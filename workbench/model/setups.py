@@ -19,10 +19,13 @@ from typing import Any, Callable
 
 import torch
 
+from workbench.display.nodes import Code, Display, Paragraph
+from workbench.display.result import Displayable
 from workbench.errors import UsageError
 from workbench.model.bnb_cpu_layout import keep_training_layout, packed_for_cpu_inference
+from workbench.model.heads import PEFT_TASK_TYPES, head_kind
 from workbench.model.loading import load_pretrained, load_processor, parse_dtype
-from workbench.report.text import TextRepr
+from workbench.model.memory import check_fits
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -30,12 +33,10 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 def lora_config_for(model, **overrides):
     """The LoraConfig a fresh LoRA on this model takes: the PEFT task type that fits its head
     (workbench.model.heads: CAUSAL_LM, SEQ_2_SEQ_LM, SEQ_CLS, TOKEN_CLS, FEATURE_EXTRACTION), on the attention/MLP
-    projections where the model names them q_proj ... down_proj (the seeds' r1 targets), else on every linear
+    projections where the model names them q_proj ... down_proj (the usual LLM LoRA targets), else on every linear
     layer that exists ("all-linear": nn.Linear and GPT-2's Conv1D; PEFT leaves out the output embedding), the
     classification head excluded (PEFT trains it fully through modules_to_save)."""
     from peft import LoraConfig
-
-    from workbench.model.heads import PEFT_TASK_TYPES, head_kind
 
     head = head_kind(model)
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
@@ -74,7 +75,7 @@ def plain(checkpoint: str, adapter: str | None = None, **options: Any):
 
 
 def qlora(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **options: Any):
-    """The seeds' stage-2 recipe: 4-bit load, peft's prepare_model_for_kbit_training, LoRA on the language layers
+    """The QLoRA recipe: 4-bit load, peft's prepare_model_for_kbit_training, LoRA on the language layers
     (the given adapter, trainable, or a fresh one on q/k/v/o/gate/up/down)."""
     from peft import PeftModel, prepare_model_for_kbit_training
 
@@ -87,7 +88,7 @@ def qlora(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **op
 
 def legacy_trl_bf16_casting(model):
     """What older trl SFTTrainer releases did to a 4-bit PEFT model with bf16=True, via
-    `trl.trainer.utils.peft_module_casting_to_bf16` (the seeds' 2024 runs): adapter layers to bf16, every module
+    `trl.trainer.utils.peft_module_casting_to_bf16` (2024-era runs: docs/demo.md): adapter layers to bf16, every module
     named *norm* (or a LayerNorm) to fp32, lm_head / embed_tokens / wte / wpe from fp32 to bf16. trl 1.16 no
     longer does this (it casts only trainable adapter weights to bf16). Encoded here to reproduce such runs."""
     from peft.tuners.tuners_utils import BaseTunerLayer
@@ -104,7 +105,7 @@ def legacy_trl_bf16_casting(model):
 
 
 def qlora_trl_legacy(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **options: Any):
-    """The seeds' stage 2 as their 2024 SFTTrainer prepared it: `qlora`, then older trl's bf16 casting
+    """QLoRA as a 2024-era trl SFTTrainer prepared it: `qlora`, then older trl's bf16 casting
     (fp32 norms, bf16 lm_head) — the configuration whose DataParallel replicas raise float != BFloat16."""
     return legacy_trl_bf16_casting(qlora(checkpoint, adapter=adapter, quant=quant, **options))
 
@@ -164,7 +165,7 @@ def resolve_setup(spec: str | None) -> Callable[..., Any]:
 
 
 @dataclasses.dataclass(repr=False)
-class PreparedModel(TextRepr):
+class PreparedModel(Displayable):
     """The model the probes look at, as the set-up returned it, plus its processor (or tokenizer)."""
 
     model: Any
@@ -176,16 +177,12 @@ class PreparedModel(TextRepr):
     # it): a training step on them sends no gradient back. Unpacked before any probe runs; grad.flow names them.
     packed_at_setup: list[str] = dataclasses.field(default_factory=list)
 
-    def display(self):
-        from workbench.report.display import Code, Display, Paragraph
-
+    def view(self):
         return Display(Paragraph("Set-up ", Code(self.setup), ": ", self.description))
 
 
 def prepare_model(target) -> PreparedModel:
     """Run the target's set-up and return what it prepared."""
-    from workbench.resources import check_fits
-
     func = resolve_setup(target.setup)
     if not target.device_map:  # an explicit device map may offload what does not fit
         check_fits(target)

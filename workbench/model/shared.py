@@ -55,7 +55,7 @@ def _own_copy_steps_ahead(key: str) -> list:
 
 
 def _run_own_copy_steps_first(target, key: str) -> None:
-    from workbench.resources import two_copies_fit_easily
+    from workbench.model.memory import two_copies_fit_easily
 
     steps = _own_copy_steps_ahead(key)
     if not steps or two_copies_fit_easily(target):
@@ -80,7 +80,7 @@ def make_room_for_a_copy(target) -> None:
     """Before a probe loads its own copy of the model (the wrapping chain, the evaluation's recipes): free the
     shared one unless two copies fit easily. Small models keep it (one load saved); big ones are never resident
     twice (the shared model is prepared again when a later step asks for it)."""
-    from workbench.resources import two_copies_fit_easily
+    from workbench.model.memory import two_copies_fit_easily
 
     if _SHARED and not two_copies_fit_easily(target):
         free_shared()
@@ -102,7 +102,7 @@ def reset() -> None:
 
 def free_shared() -> None:
     """Drop the shared model (gc, and the CUDA cache where there is one)."""
-    from workbench.resources import free_memory
+    from workbench.model.memory import free_memory
 
     _SHARED.clear()
     free_memory()

@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from workbench.display.result import Displayable
 from workbench.errors import UsageError
-from workbench.report.text import TextRepr
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 QUANTS = ("none", "4bit", "8bit")
@@ -21,7 +21,7 @@ MAX_GPUS_PER_PROCESS = 64
 
 
 @dataclasses.dataclass(repr=False)
-class Target(TextRepr):
+class Target(Displayable):
     checkpoint: str  # as the user gave it
     model_dir: Path  # folder with config.json: the checkpoint, or the adapter's base
     adapter_dir: Path | None = None
@@ -70,8 +70,8 @@ class Target(TextRepr):
             "data": absolute(self.data),
         }
 
-    def display(self):
-        from workbench.report.display import Code, Display, Table
+    def view(self):
+        from workbench.display.nodes import Code, Display, Table
 
         rows = [[k, Code(v)] for k, v in self.as_contract().items() if v not in (None, "")]
         return Display(Table(None, rows, row_headers=True, left=True))

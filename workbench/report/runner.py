@@ -20,12 +20,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.report.environment import environment_facts
 from workbench.errors import UsageError
-from workbench.paths import NOTEBOOK_DIR, REPORT_TEMPLATE_DIR
-from workbench.report.kernels import KERNEL_NAME, Kernel
 from workbench.findings import FAILING_VERDICTS, Finding, sort_findings, write_json_atomic
 from workbench.model.target import Target
+from workbench.paths import NOTEBOOK_DIR, REPORT_TEMPLATE_DIR
+from workbench.report.environment import environment_facts
+from workbench.report.kernels import KERNEL_NAME, Kernel
 
 SCHEMA_VERSION = 1
 
@@ -199,7 +199,7 @@ def parallel_jobs(target: Target, notebooks: int) -> int:
     jobs = min(2, cores, notebooks)
     if jobs < 2:
         return 1
-    from workbench.resources import two_copies_fit_easily
+    from workbench.model.memory import two_copies_fit_easily
 
     return jobs if two_copies_fit_easily(target) else 1
 
@@ -209,14 +209,14 @@ def start_kernel(only: list[str] | None = None) -> Kernel:
     starts it before validating the target). `only`: the notebooks `diagnose` will run (as its `only=`), which the
     kernel is told. Hand it to `diagnose(kernel=...)`, or `close()` it."""
     ensure_kernel()
-    with announced(find_notebooks(NOTEBOOK_DIR, only=only)):
+    with notebooks_told_to_kernels(find_notebooks(NOTEBOOK_DIR, only=only)):
         kernel = Kernel()
         kernel.manager()
     return kernel
 
 
 @contextlib.contextmanager
-def announced(notebooks: list[Path]):
+def notebooks_told_to_kernels(notebooks: list[Path]):
     """Within the block, kernels that start are told which notebooks this diagnosis runs (workbench.model.shared runs
     the own-copy steps of these notebooks before it prepares a model too big for two copies); the caller's
     environment is given back after."""
@@ -252,7 +252,7 @@ def _diagnose(target, reports_dir, only, extra_parameters, echo, notebook_dir, c
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     os.environ["WORKBENCH_BATCH"] = "1"  # probes print plain progress lines instead of widgets
     notebooks = find_notebooks(Path(notebook_dir), only=only)
-    with announced(notebooks):
+    with notebooks_told_to_kernels(notebooks):
         return _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, notebook_dir, cell_timeout,
                               jobs, early, kernel_python)
 

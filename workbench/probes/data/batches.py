@@ -20,7 +20,7 @@ import os
 import tempfile
 from typing import Any, Iterator
 
-from workbench.report.text import TextRepr
+from workbench.display.result import ProbeResult
 
 IGNORE = -100
 TEMPLATE_PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
@@ -117,7 +117,7 @@ def find_last(ids: list[int], marker: list[int] | None) -> int | None:
 
 
 @dataclasses.dataclass(repr=False)
-class DataPath(TextRepr):
+class DataBatches(ProbeResult):
     """How the batches are built, and a fresh row stream each time `rows()` is called."""
 
     source: Any  # DataSource, or None without --data
@@ -286,8 +286,8 @@ class DataPath(TextRepr):
         state.completion_only_loss = bool(self.completion_only_loss)
         return SFTTrainer._prepare_dataset(state, dataset, self.tokenizer, args, False, None, "train")
 
-    def display(self):
-        from workbench.report.display import Bullets, Code, Display, Inline, Paragraph
+    def details(self):
+        from workbench.display.nodes import Bullets, Code, Display, Inline, Paragraph
 
         if self.how == "none":
             return Display(Paragraph("No training data given: pass ", Code("--data FILE"), " (",
@@ -312,7 +312,7 @@ def _raw_fields(example: dict[str, Any]) -> dict[str, Any]:
     return {k: example[k] for k in ("messages", "prompt", "completion", "text") if k in example}
 
 
-def data_path_probe(target, samples: int | None = None, max_length: int | None = None) -> DataPath:
+def data_path_probe(target, samples: int | None = None, max_length: int | None = None) -> DataBatches:
     """How the run builds its batches from --data (nothing is read yet: the statistics stream it)."""
     from workbench.model.loading import load_processor
     from workbench.model.setups import BUILTIN_SETUPS, prepare_model
@@ -320,7 +320,7 @@ def data_path_probe(target, samples: int | None = None, max_length: int | None =
 
     data = getattr(target, "data", None)
     if not data:
-        return DataPath(None, "none")
+        return DataBatches(None, "none")
     source = open_source(data)
     params = target.params or {}
     notes: list[str] = []
@@ -342,7 +342,7 @@ def data_path_probe(target, samples: int | None = None, max_length: int | None =
         args = trainer.args
         limit = getattr(args, "max_length", None)  # the Trainer's own (trl's SFTConfig), else the parameter
         limit = max_length if limit is None else limit
-        path = DataPath(source, "trainer", tokenizer, limit, getattr(args, "truncation_mode", "keep_start"),
+        path = DataBatches(source, "trainer", tokenizer, limit, getattr(args, "truncation_mode", "keep_start"),
                         trainer=trainer, samples=samples, batch_size=args.per_device_train_batch_size,
                         marker=marker, stop_ids=frozenset(stops), notes=notes)
         n = path.total
@@ -355,7 +355,7 @@ def data_path_probe(target, samples: int | None = None, max_length: int | None =
 
         max_length = SFTConfig.__dataclass_fields__["max_length"].default
         notes.append(f"max_length {max_length}: trl's SFTConfig default (set max_length in --params to yours)")
-    return DataPath(source, "trl", tokenizer, max_length, "keep_start",
+    return DataBatches(source, "trl", tokenizer, max_length, "keep_start",
                     # trl's default: completion-only for prompt/completion rows (SFTTrainer.__init__)
                     completion_only_loss=(params["completion_only_loss"] if params.get("completion_only_loss")
                                           is not None else source.format == "prompt-completion"),

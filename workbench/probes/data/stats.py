@@ -14,9 +14,9 @@ import collections
 import dataclasses
 from typing import Any
 
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.data.batches import IGNORE, DataPath, Row, batch_progress, special_ids
-from workbench.report.text import TextRepr
+from workbench.probes.data.batches import IGNORE, DataBatches, Row, batch_progress, special_ids
 
 NAMED = 20  # rows named per category
 FAIL_SHARE = 0.01  # answers cut, or rows trl drops as unsupervised, in at least this share of rows: a fail
@@ -54,8 +54,8 @@ class Category:
 
 
 @dataclasses.dataclass(repr=False)
-class DataStatistics(TextRepr):
-    path: DataPath
+class DataStatistics(ProbeResult):
+    path: DataBatches
     rows: int = 0  # rows read
     batched: int = 0  # rows that reach a batch
     supervised_tokens: int = 0
@@ -67,7 +67,7 @@ class DataStatistics(TextRepr):
     lengths: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     categories: dict[str, Category] = dataclasses.field(
         default_factory=lambda: {name: Category() for name in CATEGORIES})
-    view: list[tuple[str, Row]] = dataclasses.field(default_factory=list)
+    token_rows: list[tuple[str, Row]] = dataclasses.field(default_factory=list)  # rows kept for the token view
     special_strings: tuple[str, ...] = ()
 
     # -- the pass ---------------------------------------------------------------------------------------------
@@ -92,8 +92,8 @@ class DataStatistics(TextRepr):
     def _mark(self, name: str, row: Row) -> None:
         self._marked = True
         category = self.categories[name]
-        if not category.count and len(self.view) < VIEW_ROWS + 8:
-            self.view.append((name, row))
+        if not category.count and len(self.token_rows) < VIEW_ROWS + 8:
+            self.token_rows.append((name, row))
         category.add(row.index)
 
     def _count(self, row: Row, bos: int | None, stops: frozenset[int], meant_answer_only: bool | None) -> None:
@@ -107,7 +107,7 @@ class DataStatistics(TextRepr):
             self._mark("truncated", row)
         if bos is not None and len(ids) > 1 and ids[0] == bos and ids[1] == bos:
             self._mark("doubled_bos", row)
-        if row.raw and self.special_strings and _has_special(row.raw, self.special_strings):
+        if row.raw and self.special_strings and has_special_text(row.raw, self.special_strings):
             self._mark("special_in_text", row)
         answer = row.answer_start
         if answer is not None:
@@ -143,8 +143,8 @@ class DataStatistics(TextRepr):
                 self.eos_supervised += 1
             else:
                 self._mark("eos_unsupervised", row)
-        if not self._marked and sum(1 for n, _ in self.view if n == "healthy") < VIEW_ROWS:
-            self.view.append(("healthy", row))
+        if not self._marked and sum(1 for n, _ in self.token_rows if n == "healthy") < VIEW_ROWS:
+            self.token_rows.append(("healthy", row))
 
     # -- verdicts ---------------------------------------------------------------------------------------------
     def share(self, name: str, of: int | None = None) -> float:
@@ -292,15 +292,14 @@ class DataStatistics(TextRepr):
         fig.tight_layout()
         return fig
 
-    def display(self):
-        from workbench.report.display import Cell, Display, Paragraph, Table
-        from workbench.report.html import figure, findings_block
+    def details(self):
+        from workbench.display.findings_view import figure
+        from workbench.display.nodes import Cell, Display, Paragraph, Table
 
         rows = [[CATEGORIES[n], Cell(f"{c.count:,}", align="right"), c.named()]
                 for n, c in self.categories.items() if c.count]
         lengths = ", ".join(f"{k} {v}" for k, v in self.length_summary().items())
         return Display(
-            findings_block(self.findings()),
             Paragraph(f"{self.rows:,} rows read, {self.batched:,} in batches; tokens per row: {lengths}"),
             Table(["rows that…", "count", "rows"], rows) if rows else Paragraph("No row falls in any defect category."),
             figure(self.draw_lengths, "tokens per row against max_length") if self.lengths else None)
@@ -311,7 +310,7 @@ def _first_answer(row: Row, lo: int) -> int:
     return max((row.prompt_end if row.prompt_end is not None else start) - lo, 0)
 
 
-def _has_special(raw: dict[str, Any], specials: tuple[str, ...]) -> bool:
+def has_special_text(raw: dict[str, Any], specials: tuple[str, ...]) -> bool:
     for key in ("messages", "prompt", "completion"):
         value = raw.get(key)
         texts = ([m.get("content") for m in value if isinstance(m, dict)] if isinstance(value, list)
@@ -322,7 +321,7 @@ def _has_special(raw: dict[str, Any], specials: tuple[str, ...]) -> bool:
     return False
 
 
-def _masking_cause(path: DataPath) -> str:
+def _masking_cause(path: DataBatches) -> str:
     if path.how == "trainer":
         return (f"{path.collator_name[0].upper()}{path.collator_name[1:]} produced these labels: typically a response "
                 "template it never finds in the tokenized rows (the chat template renders the assistant header "
@@ -330,7 +329,7 @@ def _masking_cause(path: DataPath) -> str:
     return f"trl built these labels ({path.masking}): the rows have no answer tokens to supervise."
 
 
-def _labels_fix(path: DataPath) -> str:
+def _labels_fix(path: DataBatches) -> str:
     if path.how == "trainer":
         return ("Make the collator's response template match what the chat template renders, as token ids "
                 "(tokenize the rendered assistant header, e.g. tokenizer.apply_chat_template(..., "
@@ -339,7 +338,7 @@ def _labels_fix(path: DataPath) -> str:
     return "Give every row a non-empty answer (assistant message or completion), or drop those rows."
 
 
-def data_statistics_probe(path: DataPath):
+def data_statistics_probe(path: DataBatches):
     """Every row of the batches, once (streamed, with a progress bar); `data_samples` in --params caps it."""
     if path.how == "none":
         return Skipped(("data.labels", "data.eos", "data.truncation"))
@@ -347,7 +346,7 @@ def data_statistics_probe(path: DataPath):
 
 
 @dataclasses.dataclass(repr=False)
-class Skipped(TextRepr):
+class Skipped(ProbeResult):
     """No --data: each check of the step says skip, and how to give the data."""
 
     checks: tuple[str, ...]
@@ -355,7 +354,7 @@ class Skipped(TextRepr):
     def findings(self) -> list[Finding]:
         return [Finding(c, "skip", "No training data given", SKIP_MESSAGE, {}) for c in self.checks]
 
-    def display(self):
-        from workbench.report.display import Display, Paragraph
+    def details(self):
+        from workbench.display.nodes import Display, Paragraph
 
         return Display(Paragraph(f"{SKIP_MESSAGE}."))

@@ -16,16 +16,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.data.stats import DataStatistics, Skipped, _has_special
-from workbench.report.text import TextRepr
+from workbench.probes.data.stats import DataStatistics, Skipped, has_special_text
 
 COMPARED_ROWS = 64  # conversational rows whose two encodings are compared
 SCANNED_ROWS = 100_000  # raw rows scanned for special tokens when the batches do not carry the text
 
 
 @dataclasses.dataclass(repr=False)
-class TemplateResult(TextRepr):
+class TemplateResult(ProbeResult):
     stats: DataStatistics
     bos: str | None
     compared: int = 0
@@ -36,9 +36,6 @@ class TemplateResult(TextRepr):
     scanned: int = 0
 
     def findings(self) -> list[Finding]:
-        return [self.finding()]
-
-    def finding(self) -> Finding:
         doubled = self.stats.categories["doubled_bos"]
         special = self.stats.categories["special_in_text"]
         special_count = special.count + self.special_count
@@ -49,12 +46,12 @@ class TemplateResult(TextRepr):
                     "special_tokens_in_text": {"count": special_count, "rows": special_rows},
                     "special_tokens": list(self.stats.special_strings)}
         if doubled.count:
-            return Finding("data.template", "fail", f"BOS doubled in {doubled.count:,} batched row(s)",
-                           f"{doubled.count:,} of {self.stats.rows:,} rows start with {self.bos} twice: rows "
-                           f"{doubled.named()}. The rows were rendered with the template's BOS and the tokenizer "
-                           "added its own when encoding them (transformers #37686).", evidence,
-                           "Store messages and let apply_chat_template(tokenize=True) tokenize them, or encode "
-                           "rendered text with add_special_tokens=False (or drop {{ bos_token }} from the text).")
+            return [Finding("data.template", "fail", f"BOS doubled in {doubled.count:,} batched row(s)",
+                            f"{doubled.count:,} of {self.stats.rows:,} rows start with {self.bos} twice: rows "
+                            f"{doubled.named()}. The rows were rendered with the template's BOS and the tokenizer "
+                            "added its own when encoding them (transformers #37686).", evidence,
+                            "Store messages and let apply_chat_template(tokenize=True) tokenize them, or encode "
+                            "rendered text with add_special_tokens=False (or drop {{ bos_token }} from the text).")]
         problems = []
         if self.differing:
             what = ("the tokenizer adds BOS to a text whose template already starts with it"
@@ -67,25 +64,24 @@ class TemplateResult(TextRepr):
             problems.append(f"{special_count:,} row(s) write a special token ({', '.join(self.stats.special_strings)})"
                             f" into their raw text: rows {', '.join(map(str, special_rows))}")
         if problems:
-            return Finding("data.template", "warn", "Template and tokenizer disagree on some rows"
-                           if self.differing else "Special tokens in the raw text", "; ".join(problems) + ".",
-                           evidence, "Your batches are not affected where trl tokenizes messages itself; any code "
-                           "that renders then encodes (inference included) must pass add_special_tokens=False. "
-                           "Strip or escape special-token strings from the data's text.")
+            return [Finding("data.template", "warn", "Template and tokenizer disagree on some rows"
+                            if self.differing else "Special tokens in the raw text", "; ".join(problems) + ".",
+                            evidence, "Your batches are not affected where trl tokenizes messages itself; any code "
+                            "that renders then encodes (inference included) must pass add_special_tokens=False. "
+                            "Strip or escape special-token strings from the data's text.")]
         no_bos = "The tokenizer has no BOS token: nothing to double. " if self.bos is None else ""
         compared = (f"render-then-encode equals apply_chat_template(tokenize=True) on {self.compared} rows"
                     if self.compared else "no conversational row to render (nothing to compare)")
-        return Finding("data.template", "pass", "Template, tokenizer and text agree",
-                       f"{no_bos}No batched row starts with BOS twice; {compared}; no special token in the text.",
-                       evidence)
+        return [Finding("data.template", "pass", "Template, tokenizer and text agree",
+                        f"{no_bos}No batched row starts with BOS twice; {compared}; no special token in the text.",
+                        evidence)]
 
-    def display(self):
-        from workbench.report.display import Code, Display, Table
-        from workbench.report.html import findings_block
+    def details(self):
+        from workbench.display.nodes import Code, Display, Table
 
         rows = [[d["row"], d["position"], Code(str(d["template"])), Code(str(d["encoded"]))]
                 for d in self.differing[:5]]
-        return Display(findings_block(self.findings()), Table(
+        return Display(Table(
             ["row", "first differing position", "apply_chat_template(tokenize=True)", "tokenizer(rendered text)"],
             rows) if rows else None)
 
@@ -117,7 +113,7 @@ def template_probe(path, stats):
     if path.how == "trainer" and source is not None and stats.special_strings:
         for index, row in enumerate(source.rows(min(path.samples or SCANNED_ROWS, SCANNED_ROWS))):
             result.scanned += 1
-            if _has_special(row, stats.special_strings):
+            if has_special_text(row, stats.special_strings):
                 result.special_count += 1
                 if len(result.special_rows) < 20:
                     result.special_rows.append(index)

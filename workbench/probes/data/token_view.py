@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from workbench.display.nodes import Node, esc
+from workbench.display.result import ProbeResult
 from workbench.probes.data.batches import IGNORE, Row
-from workbench.report.display import Node, esc
-from workbench.report.text import TextRepr
 
 SUPERVISED = "#c8e6c9"  # green
 MASKED = "#e0e0e0"  # grey
@@ -19,15 +19,15 @@ MAX_TOKENS = 400
 
 
 @dataclasses.dataclass(repr=False)
-class TokenView(TextRepr):
+class TokenView(ProbeResult):
     rows: list[tuple[str, Row]]
     tokens: dict[int, list[str]]  # row index -> its tokens as text
     specials: frozenset[int]
     message: str = ""
 
-    def display(self):
+    def details(self):
+        from workbench.display.nodes import Bold, Display, Paragraph
         from workbench.probes.data.stats import CATEGORIES
-        from workbench.report.display import Bold, Display, Paragraph
 
         if not self.rows:
             return Display(Paragraph(self.message or "No row to show."))
@@ -92,7 +92,7 @@ def token_view_probe(path, stats) -> TokenView:
     if isinstance(stats, Skipped):
         return TokenView([], {}, frozenset(), SKIP_MESSAGE)
     tokenizer = path.tokenizer
-    rows = sorted(stats.view, key=lambda item: item[0] != "healthy")
+    rows = sorted(stats.token_rows, key=lambda item: item[0] != "healthy")
     tokens = {}
     for _, row in rows:
         pieces = tokenizer.convert_ids_to_tokens(row.ids[:MAX_TOKENS])

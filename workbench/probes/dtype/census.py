@@ -12,28 +12,47 @@ is the quantizer's `param_needs_quantization`, and their storage dtype is the qu
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 import torch
 from torch import nn
 
-from workbench.model.components import ComponentClassifier
-from workbench.model.tied import tied_aliases, tied_notes
+from workbench.display.findings_view import figure
+from workbench.display.nodes import Details, Display, Heading, Paragraph, Table
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.report.text import TextRepr
+from workbench.model.components import ComponentClassifier
+from workbench.model.dtypes import dtype_name
+from workbench.model.quantized_prediction import predicted_tensors
+from workbench.model.tied import tied_aliases, tied_notes
 
 COLUMNS = ["component", "kind", "dtype", "tensors", "elements", "bytes", "trainable"]
 
 
 @dataclasses.dataclass(repr=False)
-class DtypeCensus(TextRepr):
+class DtypeCensus(ProbeResult):
     label: str  # e.g. "loaded (bf16)", "predicted 4bit", "real 4bit"
     rows: list[dict[str, Any]]
     component_map: dict[str, str]
     tied: dict[str, str] = dataclasses.field(default_factory=dict)  # alias -> canonical name, counted once
+    checkpoint: DtypeCensus | None = None  # the checkpoint's header census, beside the loaded model's (evidence)
+
+    def findings(self) -> list[Finding]:
+        """`dtype.census`: always pass; the census is evidence, not a verdict."""
+        evidence: dict[str, Any] = {"parameters": self.dtypes_by_component("parameter"),
+                                    "buffers": self.dtypes_by_component("buffer"),
+                                    "component_map": self.component_map, "tied": self.tied}
+        if self.checkpoint is not None:
+            evidence["checkpoint_headers"] = self.checkpoint.dtypes_by_component()
+        detail = self.summary("parameter")
+        if self.tied:
+            detail += f". {self.tied_note()}"
+        if self.dtypes_by_component("parameter").get("other"):
+            detail += (". Tensors in 'other' belong to no module the model's structure names (README: how "
+                       "components are found); map them with a parameters file's components: patterns if that is "
+                       "wrong.")
+        return [Finding("dtype.census", "pass", f"Dtype census of the {self.label} model", detail, evidence)]
 
     def tied_note(self) -> str:
         """'tied (counted once): lm_head.weight = model.embed_tokens.weight', or '' when nothing is tied."""
@@ -59,7 +78,7 @@ class DtypeCensus(TextRepr):
         return dict(out)
 
     def summary(self, kind: str = "parameter") -> str:
-        """The seeds' one-line form: 'vision: bfloat16 261 + uint8 130; language: ...'."""
+        """One line per component: 'vision: bfloat16 261 + uint8 130; language: ...'."""
         return "; ".join(
             f"{comp}: " + " + ".join(f"{d} {n}" for d, n in dtypes.items())
             for comp, dtypes in self.dtypes_by_component(kind).items()
@@ -81,10 +100,7 @@ class DtypeCensus(TextRepr):
         ax.figure.tight_layout()
         return ax.figure
 
-    def display(self):
-        from workbench.report.display import Details, Display, Heading, Paragraph, Table
-        from workbench.report.html import figure
-
+    def details(self):
         return Display(Heading(self.label), Paragraph(self.summary()),
                        Paragraph(self.tied_note()) if self.tied else None,
                        figure(self.plot, f"{self.label}: tensors per component by dtype"),
@@ -103,10 +119,6 @@ def _rows(counted: dict) -> list[dict[str, Any]]:
     return [dict(zip(COLUMNS, [c, k, d, *vals])) for (c, k, d), vals in sorted(counted.items())]
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def dtype_census(model: nn.Module, classifier: ComponentClassifier | None = None, label: str = "loaded",
                  overrides: Mapping[str, Iterable[str]] | None = None) -> DtypeCensus:
     """Census of the model as it is in memory: parameters (incl. packed bitsandbytes weights) and buffers; a tied
@@ -122,47 +134,14 @@ def dtype_census(model: nn.Module, classifier: ComponentClassifier | None = None
     return DtypeCensus(label, _rows(counted), classifier.describe(), tied_aliases(model))
 
 
-def keep_in_fp32_matcher(model: nn.Module):
-    """A predicate for parameter names that from_pretrained keeps in fp32 (`_keep_in_fp32_modules[_strict]`)."""
-    names = set(getattr(model, "_keep_in_fp32_modules", None) or ()) | set(
-        getattr(model, "_keep_in_fp32_modules_strict", None) or ())
-    if not names:
-        return lambda name: False
-    pattern = re.compile(r"(^|\.)(" + "|".join(re.escape(n) for n in sorted(names)) + r")(\.|$)")
-    return lambda name: bool(pattern.search(name))
-
-
 def predicted_quantized_census(config, quant: str, dtype: torch.dtype | None = None,
                                overrides: Mapping[str, Iterable[str]] | None = None) -> DtypeCensus:
     """What `from_pretrained(quantization_config=...)` will hold, predicted on the meta device (no weight read)."""
-    from workbench.model.loading import bnb_config, config_dtype, meta_model, model_class_for
-
-    dtype = dtype or config_dtype(config)
-    qconfig = bnb_config(quant, compute_dtype=dtype if dtype != torch.float32 else torch.bfloat16,
-                         model_class=model_class_for(config))
-    skeleton, hf_quantizer = meta_model(config, dtype, qconfig)
-    if quant == "4bit":
-        storage = getattr(qconfig, "bnb_4bit_quant_storage", None) or torch.uint8
-        storage = getattr(torch, storage) if isinstance(storage, str) else storage
-        bits_per_value = 4
-    else:
-        storage, bits_per_value = torch.int8, 8
-    storage_bits = torch.finfo(storage).bits if storage.is_floating_point else torch.iinfo(storage).bits
-    keep_fp32 = keep_in_fp32_matcher(skeleton)
+    skeleton, tensors = predicted_tensors(config, quant, dtype)
     classifier = ComponentClassifier.from_model(skeleton, overrides)
     counted: dict = {}
-    for name, p in skeleton.named_parameters():
-        if hf_quantizer is not None and hf_quantizer.param_needs_quantization(skeleton, name):
-            elements = math.ceil(p.numel() * bits_per_value / storage_bits)
-            pdtype = storage
-        else:
-            elements = p.numel()
-            pdtype = (torch.float32 if keep_fp32(name) else dtype) if p.dtype.is_floating_point else p.dtype
-        _count(counted, classifier.component_of(name), "parameter", dtype_name(pdtype), elements,
-               elements * pdtype.itemsize, False)
-    for name, b in skeleton.named_buffers():
-        _count(counted, classifier.component_of(name), "buffer", dtype_name(b.dtype), b.numel(),
-               b.numel() * b.element_size(), False)
+    for t in tensors:
+        _count(counted, classifier.component_of(t.name), t.kind, dtype_name(t.dtype), t.elements, t.nbytes, False)
     return DtypeCensus(f"predicted {quant} (meta device)", _rows(counted), classifier.describe(),
                        tied_aliases(skeleton))
 
@@ -174,48 +153,3 @@ def census_differences(predicted: DtypeCensus, real: DtypeCensus) -> list[dict[s
             for c, d in sorted(set(a) | set(b)) if a.get((c, d), 0) != b.get((c, d), 0)]
 
 
-def census_finding(census: DtypeCensus, static: Any | None = None) -> Finding:
-    evidence: dict[str, Any] = {"parameters": census.dtypes_by_component("parameter"),
-                                "buffers": census.dtypes_by_component("buffer"),
-                                "component_map": census.component_map, "tied": census.tied}
-    if static is not None:
-        evidence["checkpoint_headers"] = static.dtypes_by_component()
-    unassigned = census.dtypes_by_component("parameter").get("other")
-    detail = census.summary("parameter")
-    if census.tied:
-        detail += f". {census.tied_note()}"
-    if unassigned:
-        detail += ". Tensors in 'other' belong to no module the model's structure names (README: how components " \
-                  "are found); map them with a parameters file's components: patterns if that is wrong."
-    return Finding("dtype.census", "pass", f"Dtype census of the {census.label} model", detail, evidence)
-
-
-def quantized_finding(predictions: dict[str, DtypeCensus], reals: dict[str, DtypeCensus | str]) -> Finding:
-    """pass when every real load agrees with its prediction; warn naming the cells that differ."""
-    evidence: dict[str, Any] = {}
-    differences: dict[str, list] = {}
-    lines = []
-    for quant, predicted in predictions.items():
-        evidence[f"predicted_{quant}"] = predicted.dtypes_by_component("parameter")
-        if predicted.tied:
-            evidence[f"tied_{quant}"] = tied_notes(predicted.tied)
-        real = reals.get(quant)
-        if isinstance(real, DtypeCensus):
-            evidence[f"real_{quant}"] = real.dtypes_by_component("parameter")
-            diff = census_differences(predicted, real)
-            if diff:
-                differences[quant] = diff
-            lines.append(f"{quant}: {predicted.summary()} (real load {'differs' if diff else 'agrees'})")
-        else:
-            lines.append(f"{quant}: {predicted.summary()} (predicted only: {real or 'not loaded'})")
-    evidence["differences"] = differences
-    tied = next((p.tied_note() for p in predictions.values() if p.tied), "")
-    if tied:
-        lines.append(tied)
-    if differences:
-        return Finding("dtype.quantized_census", "warn", "Quantized census: prediction and real load disagree",
-                       "; ".join(lines), evidence,
-                       "The installed transformers/bitsandbytes quantize differently than their meta-device "
-                       "replacement predicts; trust the real census and report the difference.")
-    return Finding("dtype.quantized_census", "pass", "Census under 4-bit / 8-bit quantization", "; ".join(lines),
-                   evidence)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding, worst_verdict
 from workbench.model.checkpoint import CheckpointInspection, StaticCensus, inspect_checkpoint, static_census
 from workbench.model.header_map import header_map
-from workbench.report.text import TextRepr
 
 
 def component_overrides(target) -> dict[str, list[str]]:
@@ -20,12 +20,12 @@ def component_overrides(target) -> dict[str, list[str]]:
 
 
 @dataclasses.dataclass(repr=False)
-class CheckpointResult(TextRepr):
+class CheckpointResult(ProbeResult):
     inspections: list[CheckpointInspection]
     censuses: list[StaticCensus]
 
     def findings(self) -> list[Finding]:
-        per_folder = [i.finding() for i in self.inspections]
+        per_folder = [f for i in self.inspections for f in i.findings()]
         worst = worst_verdict(f.verdict for f in per_folder)
         chosen = next(f for f in per_folder if f.verdict == worst)
         if len(per_folder) > 1:
@@ -39,9 +39,8 @@ class CheckpointResult(TextRepr):
 
         return pd.concat([c.to_frame() for c in self.censuses], ignore_index=True)
 
-    def display(self):
-        from workbench.report.display import Display, Paragraph, Table
-        from workbench.report.html import findings_block
+    def details(self):
+        from workbench.display.nodes import Display, Paragraph, Table
 
         reads = sum(c.bytes_read for c in self.censuses)
         unmapped = [k for c in self.censuses for k in c.unmapped]
@@ -50,7 +49,7 @@ class CheckpointResult(TextRepr):
         tied = [Paragraph(c.tied_note()) for c in self.censuses if c.tied]
         unmatched = (Paragraph(f"Keys matched to no module (counted as other): {', '.join(unmapped[:8])}")
                      if unmapped else None)
-        return Display(findings_block(self.findings()), note, *tied, unmatched, Table.from_frame(self.to_frame()))
+        return Display(note, *tied, unmatched, Table.from_frame(self.to_frame()))
 
 
 def checkpoint_probe(target) -> CheckpointResult:

@@ -19,22 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.probes.dtype.census import dtype_name, keep_in_fp32_matcher
-from workbench.model.components import ComponentClassifier, unwrap_model
-from workbench.model.tied import tied_aliases, tied_notes
+from workbench.display.nodes import Bold, Display, Paragraph, Table
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.report.text import TextRepr
-
-
-def is_rotary_module(module: nn.Module) -> bool:
-    """A rotary position embedding: transformers' `*RotaryEmbedding` classes all set `rope_type` (a str, or a dict
-    per layer type for Gemma 3); remote-code ones keep the class name."""
-    return hasattr(module, "rope_type") or type(module).__name__.endswith("RotaryEmbedding")
-
-
-def is_rotary_buffer(module: nn.Module, short: str) -> bool:
-    """A buffer recomputed from the config by a rotary module (non-persistent: never saved), fp32 on purpose."""
-    return is_rotary_module(module) and short in getattr(module, "_non_persistent_buffers_set", ())
+from workbench.model.components import ComponentClassifier, unwrap_model
+from workbench.model.dtypes import compute_dtype_of, dtype_name, keep_in_fp32_matcher, off_compute_dtype
+from workbench.model.tied import tied_aliases, tied_notes
 
 
 @dataclasses.dataclass
@@ -51,7 +41,7 @@ class Island:
 
 
 @dataclasses.dataclass(repr=False)
-class Islands(TextRepr):
+class Islands(ProbeResult):
     compute_dtype: str
     islands: list[Island]
     quantized: bool
@@ -70,14 +60,12 @@ class Islands(TextRepr):
                              columns=["name", "kind", "dtype", "component", "module_frozen", "intentional"])
         return frame.fillna({"intentional": ""})
 
-    def display(self):
-        from workbench.report.display import Bold, Display, Paragraph, Table
-
+    def details(self):
         head = Paragraph("Compute dtype ", Bold(self.compute_dtype), f": {len(self.suspicious)} suspicious, "
                          f"{len(self.islands) - len(self.suspicious)} intentional island(s).")
         return Display(head, Table.from_frame(self.to_frame().head(200)))
 
-    def finding(self) -> Finding:
+    def findings(self) -> list[Finding]:
         sus = self.suspicious
         by_component = Counter((i.component, i.dtype) for i in sus)
         evidence = {
@@ -94,14 +82,14 @@ class Islands(TextRepr):
         if self.kbit_upcast:
             evidence["intentional_upcast_by"] = self.kbit_upcast
         if not self.islands:
-            return Finding("dtype.fp32_islands", "pass", f"Every floating tensor is {self.compute_dtype}",
-                           "No parameter or buffer differs from the compute dtype.", evidence)
+            return [Finding("dtype.fp32_islands", "pass", f"Every floating tensor is {self.compute_dtype}",
+                            "No parameter or buffer differs from the compute dtype.", evidence)]
         if not sus:
             reasons = sorted({i.intentional for i in self.islands if i.intentional})
             how = "on purpose or contained" if any(r.startswith("contained") for r in reasons) else "on purpose"
-            return Finding("dtype.fp32_islands", "info",
-                           f"{len(self.islands)} tensor(s) differ from {self.compute_dtype}, all {how}",
-                           "; ".join(reasons), evidence)
+            return [Finding("dtype.fp32_islands", "info",
+                            f"{len(self.islands)} tensor(s) differ from {self.compute_dtype}, all {how}",
+                            "; ".join(reasons), evidence)]
         first = sus[0]
         cause = ""
         if self.quantized and self.half_precision:
@@ -110,37 +98,19 @@ class Islands(TextRepr):
                      "prepare_model_for_kbit_training leaves (that one is intentional), but what older trl's "
                      "peft_module_casting_to_bf16 made of it (norms fp32, lm_head / embed_tokens back to bf16).")
         frozen = sum(i.module_frozen for i in sus)
-        return Finding(
-            "dtype.fp32_islands", "warn",
-            f"{len(sus)} floating tensor(s) are not {self.compute_dtype}, e.g. {first.name} ({first.dtype})",
-            f"{frozen} of them in frozen modules, {sum(i.kind == 'buffer' for i in sus)} buffers; by component: "
-            + ", ".join(f"{k} {v}" for k, v in evidence["suspicious_by_component"].items()) + "."
-            + " They promote activations to fp32 wherever autocast does not cover the forward (DataParallel "
-              "replica threads, FSDP mixed precision, which casts parameters but never buffers), and the next "
-            + f"{self.compute_dtype} matmul raises 'float != BFloat16'." + cause,
-            evidence,
-            "Train under autocast (TrainingArguments(bf16=True)) and keep the Trainer from wrapping the model in "
-            "DataParallel (one visible GPU, or torchrun/DDP); or cast frozen modules to the compute dtype, e.g. "
-            f"`model.get_submodule('{first.name.rsplit('.', 1)[0]}').to(torch.{self.compute_dtype})`.",
-        )
-
-
-def compute_dtype_of(model: nn.Module) -> torch.dtype:
-    """The quantization's compute dtype if quantized, else the dtype holding most floating parameter elements."""
-    inner, _ = unwrap_model(model)
-    qconfig = getattr(getattr(inner, "config", None), "quantization_config", None)
-    compute = getattr(qconfig, "bnb_4bit_compute_dtype", None) if qconfig is not None else None
-    if isinstance(qconfig, dict):
-        compute = qconfig.get("bnb_4bit_compute_dtype")
-    if isinstance(compute, str):
-        compute = getattr(torch, compute, None)
-    if isinstance(compute, torch.dtype) and getattr(inner, "is_loaded_in_4bit", False):
-        return compute
-    sizes: Counter = Counter()
-    for p in model.parameters():
-        if p.dtype.is_floating_point:
-            sizes[p.dtype] += p.numel()
-    return sizes.most_common(1)[0][0] if sizes else torch.float32
+        return [Finding(
+             "dtype.fp32_islands", "warn",
+             f"{len(sus)} floating tensor(s) are not {self.compute_dtype}, e.g. {first.name} ({first.dtype})",
+             f"{frozen} of them in frozen modules, {sum(i.kind == 'buffer' for i in sus)} buffers; by component: "
+             + ", ".join(f"{k} {v}" for k, v in evidence["suspicious_by_component"].items()) + "."
+             + " They promote activations to fp32 wherever autocast does not cover the forward (DataParallel "
+               "replica threads, FSDP mixed precision, which casts parameters but never buffers), and the next "
+             + f"{self.compute_dtype} matmul raises 'float != BFloat16'." + cause,
+             evidence,
+             "Train under autocast (TrainingArguments(bf16=True)) and keep the Trainer from wrapping the model in "
+             "DataParallel (one visible GPU, or torchrun/DDP); or cast frozen modules to the compute dtype, e.g. "
+             f"`model.get_submodule('{first.name.rsplit('.', 1)[0]}').to(torch.{self.compute_dtype})`.",
+         )]
 
 
 def _adapter_parameter_names(model: nn.Module) -> set[str]:
@@ -237,39 +207,30 @@ def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
     quantized = bool(getattr(inner, "is_loaded_in_4bit", False) or getattr(inner, "is_loaded_in_8bit", False))
     kbit_reason, half, peft = kbit_upcast_reason(model, adapter_names, compute_dtype) if quantized else (None, [], "")
     islands: list[Island] = []
-    seen: set[int] = set()  # a tied parameter (lm_head.weight is embed_tokens.weight) is one island, not two
-    for mod_name, module in model.named_modules():
-        own_params = list(module.named_parameters(recurse=False))
-        subtree_frozen = not any(p.requires_grad for p in module.parameters())
-        tensors = [("parameter", n, t) for n, t in own_params] + \
-                  [("buffer", n, t) for n, t in module.named_buffers(recurse=False)]
-        contained: bool | None = None  # asked once per module, only when needed
-        for kind, short, tensor in tensors:
-            if not tensor.dtype.is_floating_point or tensor.dtype == compute_dtype or id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-            name = f"{mod_name}.{short}" if mod_name else short
-            inner_name = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
-            why = None
-            if kind == "buffer" and is_rotary_buffer(module, short):
-                why = (f"rotary position frequencies ({type(module).__name__}, recomputed from the config) are kept "
-                       "in fp32 on purpose (position precision)")
-            elif keep_fp32(inner_name):
-                why = f"{type(inner).__name__}._keep_in_fp32_modules declares it fp32"
-            elif name in adapter_names:
-                why = "PEFT keeps adapter weights in fp32 (autocast_adapter_dtype) and casts activations around them"
-            elif kind == "parameter" and kbit_reason and tensor.dtype == torch.float32:
-                why = kbit_reason
-            elif kind == "parameter":
-                if contained is None:
-                    contained = returns_input_dtype(module, compute_dtype)
-                if contained:
-                    why = (f"contained: {type(module).__name__} returns its input's dtype (called on a "
-                           f"{dtype_name(compute_dtype)} input it returned {dtype_name(compute_dtype)}), so its "
-                           f"{dtype_name(tensor.dtype)} weight never reaches the activations")
-            islands.append(Island(name, kind, dtype_name(tensor.dtype), classifier.component_of(name),
-                                  subtree_frozen, why))
-    # frozen modules first, buffers before parameters: the seeds' and FSDP's leaks come from there
+    contained: dict[int, bool] = {}  # per module, asked only when needed
+    for off in off_compute_dtype(model, compute_dtype):  # a tied parameter is one island, not two
+        module, name, tensor = off.module, off.name, off.tensor
+        inner_name = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
+        why = None
+        if off.rotary:
+            why = (f"rotary position frequencies ({type(module).__name__}, recomputed from the config) are kept "
+                   "in fp32 on purpose (position precision)")
+        elif keep_fp32(inner_name):
+            why = f"{type(inner).__name__}._keep_in_fp32_modules declares it fp32"
+        elif name in adapter_names:
+            why = "PEFT keeps adapter weights in fp32 (autocast_adapter_dtype) and casts activations around them"
+        elif off.kind == "parameter" and kbit_reason and tensor.dtype == torch.float32:
+            why = kbit_reason
+        elif off.kind == "parameter":
+            if id(module) not in contained:
+                contained[id(module)] = returns_input_dtype(module, compute_dtype)
+            if contained[id(module)]:
+                why = (f"contained: {type(module).__name__} returns its input's dtype (called on a "
+                       f"{dtype_name(compute_dtype)} input it returned {dtype_name(compute_dtype)}), so its "
+                       f"{dtype_name(tensor.dtype)} weight never reaches the activations")
+        islands.append(Island(name, off.kind, dtype_name(tensor.dtype), classifier.component_of(name),
+                              off.module_frozen, why))
+    # frozen modules first, buffers before parameters: the DataParallel-replica and FSDP buffer leaks come from there
     islands.sort(key=lambda i: (i.intentional is not None, not i.module_frozen, i.kind != "buffer", i.name))
     upcast = f"{peft}: prepare_model_for_kbit_training" if kbit_reason else None
     return Islands(dtype_name(compute_dtype), islands, quantized, tied_aliases(model), half, upcast)

@@ -1,4 +1,4 @@
-"""The probes of notebook 01 (dtype distribution), each a result that displays itself and yields findings."""
+"""The probes of notebook 01 (dtype distribution): the loaded census, the 4-bit/8-bit census, fp32 islands."""
 
 from __future__ import annotations
 
@@ -7,47 +7,62 @@ import gc
 from pathlib import Path
 from typing import Any
 
-from workbench.probes.dtype.census import (DtypeCensus, census_finding, dtype_census, predicted_quantized_census,
-                              quantized_finding)
-from workbench.probes.dtype.headers import CheckpointResult, component_overrides
+from workbench.display.result import ProbeResult
+from workbench.findings import Finding
 from workbench.model.components import ComponentClassifier
 from workbench.model.tied import tied_notes
-from workbench.findings import Finding, worst_verdict
+from workbench.probes.dtype.census import DtypeCensus, census_differences, dtype_census, predicted_quantized_census
+from workbench.probes.dtype.headers import CheckpointResult, component_overrides
 from workbench.probes.dtype.islands import Islands, fp32_islands
-from workbench.report.text import TextRepr
 
 DEFAULT_REAL_QUANT_MAX_BYTES = 128 * 1024**2  # the prediction is the answer; a real load verifies it only when cheap
 
 
-@dataclasses.dataclass(repr=False)
-class LoadedCensusResult(TextRepr):
-    census: DtypeCensus
-    static: CheckpointResult | None
-
-    def findings(self) -> list[Finding]:
-        return [census_finding(self.census, self.static.censuses[0] if self.static else None)]
-
-    def display(self):
-        return self.census.display()
-
-
-def loaded_census_probe(prepared, target, static: CheckpointResult | None = None) -> LoadedCensusResult:
+def loaded_census_probe(prepared, target, static: CheckpointResult | None = None) -> DtypeCensus:
+    """The census of the prepared model, beside the checkpoint's header census when that ran."""
     label = f"loaded ({target.setup} set-up, quant {target.quant})"
-    return LoadedCensusResult(dtype_census(prepared.model, label=label, overrides=component_overrides(target)),
-                              static)
+    census = dtype_census(prepared.model, label=label, overrides=component_overrides(target))
+    return dataclasses.replace(census, checkpoint=static.censuses[0] if static else None)
 
 
 @dataclasses.dataclass(repr=False)
-class QuantizedResult(TextRepr):
+class QuantizedCensusResult(ProbeResult):
     predictions: dict[str, DtypeCensus]
     reals: dict[str, DtypeCensus | str]  # a census, or why there is none
-    comparison: Any  # pandas DataFrame: the seeds' table, one row per scenario
+    comparison: Any = None  # pandas DataFrame: one row per scenario (headers, loaded, predicted, real)
 
     def findings(self) -> list[Finding]:
-        return [quantized_finding(self.predictions, self.reals)]
+        """pass when every real load agrees with its prediction; warn naming the cells that differ."""
+        evidence: dict[str, Any] = {}
+        differences: dict[str, list] = {}
+        lines = []
+        for quant, predicted in self.predictions.items():
+            evidence[f"predicted_{quant}"] = predicted.dtypes_by_component("parameter")
+            if predicted.tied:
+                evidence[f"tied_{quant}"] = tied_notes(predicted.tied)
+            real = self.reals.get(quant)
+            if isinstance(real, DtypeCensus):
+                evidence[f"real_{quant}"] = real.dtypes_by_component("parameter")
+                diff = census_differences(predicted, real)
+                if diff:
+                    differences[quant] = diff
+                lines.append(f"{quant}: {predicted.summary()} (real load {'differs' if diff else 'agrees'})")
+            else:
+                lines.append(f"{quant}: {predicted.summary()} (predicted only: {real or 'not loaded'})")
+        evidence["differences"] = differences
+        tied = next((p.tied_note() for p in self.predictions.values() if p.tied), "")
+        if tied:
+            lines.append(tied)
+        if differences:
+            return [Finding("dtype.quantized_census", "warn", "Quantized census: prediction and real load disagree",
+                            "; ".join(lines), evidence,
+                            "The installed transformers/bitsandbytes quantize differently than their meta-device "
+                            "replacement predicts; trust the real census and report the difference.")]
+        return [Finding("dtype.quantized_census", "pass", "Census under 4-bit / 8-bit quantization",
+                        "; ".join(lines), evidence)]
 
-    def display(self):
-        from workbench.report.display import Display, Heading, Table
+    def details(self):
+        from workbench.display.nodes import Display, Heading, Table
 
         return Display(Heading("Parameter dtypes per component, by scenario"), Table.from_frame(self.comparison))
 
@@ -66,9 +81,9 @@ def _real_quantized_census(target, quant: str, overrides) -> DtypeCensus | str:
         gc.collect()
 
 
-def quantized_census_probe(target, loaded: LoadedCensusResult | None = None, static: CheckpointResult | None = None,
+def quantized_census_probe(target, loaded: DtypeCensus | None = None, static: CheckpointResult | None = None,
                             real_max_bytes: int | None = None,
-                            compare: list[str] | tuple[str, ...] | None = None) -> QuantizedResult:
+                            compare: list[str] | tuple[str, ...] | None = None) -> QuantizedCensusResult:
     """4-bit and 8-bit censuses predicted on meta; verified by a real load when the checkpoint is small enough.
     `real_max_bytes` and `compare` default to the parameters file's real_quant_max_bytes and compare."""
     import pandas as pd
@@ -100,8 +115,8 @@ def quantized_census_probe(target, loaded: LoadedCensusResult | None = None, sta
             rows.append({"scenario": f"checkpoint headers ({census.rows[0]['source'] if census.rows else ''})",
                          **_summaries(census.dtypes_by_component(), census.tied)})
     if loaded:
-        rows.append({"scenario": loaded.census.label,
-                     **_summaries(loaded.census.dtypes_by_component(), loaded.census.tied)})
+        rows.append({"scenario": loaded.label,
+                     **_summaries(loaded.dtypes_by_component(), loaded.tied)})
     for quant in predictions:
         rows.append({"scenario": predictions[quant].label,
                      **_summaries(predictions[quant].dtypes_by_component(), predictions[quant].tied)})
@@ -114,19 +129,19 @@ def quantized_census_probe(target, loaded: LoadedCensusResult | None = None, sta
         rows.append({"scenario": f"{Path(other).name}: predicted 4bit",
                      **_summaries(predicted_quantized_census(other_config, "4bit", overrides=overrides)
                                   .dtypes_by_component())})
-    return QuantizedResult(predictions, reals, pd.DataFrame(rows).fillna(""))
+    return QuantizedCensusResult(predictions, reals, pd.DataFrame(rows).fillna(""))
 
 
-def with_loaded_row(quantized: QuantizedResult, loaded: LoadedCensusResult) -> QuantizedResult:
+def with_loaded_row(quantized: QuantizedCensusResult, loaded: DtypeCensus) -> QuantizedCensusResult:
     """The comparison table with the loaded model's row, once the model is loaded (after the real quantized
     loads, so that no two copies are ever resident)."""
     import pandas as pd
 
-    row = {"scenario": loaded.census.label, **_summaries(loaded.census.dtypes_by_component(), loaded.census.tied)}
+    row = {"scenario": loaded.label, **_summaries(loaded.dtypes_by_component(), loaded.tied)}
     headers = quantized.comparison[quantized.comparison["scenario"].str.startswith("checkpoint headers")]
     rest = quantized.comparison.drop(headers.index)
     table = pd.concat([headers, pd.DataFrame([row]), rest], ignore_index=True).fillna("")
-    return QuantizedResult(quantized.predictions, quantized.reals, table)
+    return QuantizedCensusResult(quantized.predictions, quantized.reals, table)
 
 
 def _summaries(by_component: dict[str, dict[str, int]], tied: dict[str, str] | None = None) -> dict[str, str]:
@@ -136,20 +151,8 @@ def _summaries(by_component: dict[str, dict[str, int]], tied: dict[str, str] | N
     return cells
 
 
-@dataclasses.dataclass(repr=False)
-class IslandResult(TextRepr):
-    report: Islands
-
-    def findings(self) -> list[Finding]:
-        return [self.report.finding()]
-
-    def display(self):
-        return self.report.display()
-
-
-def fp32_island_probe(prepared, target=None) -> IslandResult:
-    from workbench.model.components import ComponentClassifier
+def fp32_island_probe(prepared, target=None) -> Islands:
 
     overrides = component_overrides(target) if target is not None else None
     classifier = ComponentClassifier.from_model(prepared.model, overrides)
-    return IslandResult(fp32_islands(prepared.model, classifier=classifier))
+    return fp32_islands(prepared.model, classifier=classifier)

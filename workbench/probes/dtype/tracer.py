@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-
 _NAMES: dict[torch.dtype, str] = {}
 
 

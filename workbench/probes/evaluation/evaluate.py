@@ -12,7 +12,6 @@ cannot be loaded is an error row with its reason; the others still evaluate.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import os
 import time
@@ -21,13 +20,22 @@ from typing import Any, Callable
 
 import torch
 
+from workbench.display.findings_view import figure
+from workbench.display.nodes import Bold, Code, Details, Display, Heading, Paragraph, Table
+from workbench.display.result import ProbeResult
 from workbench.errors import UsageError
 from workbench.findings import Finding, verdict_rank
+from workbench.model.inputs import load_vlm_parts
+from workbench.model.loading import load_pretrained, parse_dtype
+from workbench.model.memory import free_memory
+from workbench.model.shared import make_room_for_a_copy, shared_if_prepared
+from workbench.model.target import resolve_local
+from workbench.probes.evaluation.generation import evaluate_samples
 from workbench.probes.evaluation.lineage import LineageResult, adapter_lineage
+from workbench.probes.evaluation.metrics import TABLE_COLUMNS, summarize
 from workbench.probes.evaluation.placement import PlacementResult, placement_of
-from workbench.resources import free_memory
 from workbench.probes.evaluation.recipes import Recipe, RecipeList
-from workbench.report.text import TextRepr
+from workbench.tasks.grounding import read_dataset
 
 GROWTH_FLOOR = 64 * 1024**2  # memory not returned after a recipe is flagged above this (and half its model)
 RANKING = ("mean_iou", "exact_match", "token_accuracy")  # the first metric with values ranks the recipes
@@ -72,9 +80,6 @@ def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcom
     """(model, tokenizer, image_processor) for one recipe, filling the outcome's lineage and placement as they
     become known; raises UsageError with the reason. `shared`: the diagnosis' prepared model when this recipe is
     the target itself and nothing is generated: its placement is read there instead of loading it again."""
-    from workbench.model.loading import load_pretrained, parse_dtype
-    from workbench.model.target import resolve_local
-
     folder = recipe.folder()
     kind = recipe.resolved_kind()
     outcome.kind, outcome.path = kind, str(folder)
@@ -117,8 +122,6 @@ def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcom
 
 
 def _processing(base_dir: Path, adapter_dir: Path | None):
-    from workbench.model.inputs import load_vlm_parts
-
     if adapter_dir is not None and (adapter_dir / "tokenizer_config.json").exists():
         tokenizer, _ = load_vlm_parts(adapter_dir)
         _, image_processor = load_vlm_parts(base_dir)
@@ -130,8 +133,6 @@ def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: 
                     max_new_tokens: int, progress: Callable[[int, int, Any], Any] | None = None,
                     shared=None, batch_size: int = 16) -> RecipeOutcome:
     """Load, evaluate and free one recipe; every failure ends up in the outcome, never raised."""
-    from workbench.probes.evaluation.metrics import evaluate_samples, summarize
-
     free_memory()
     before = in_use_bytes()
     if torch.cuda.is_available():
@@ -169,7 +170,7 @@ def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: 
 
 
 @dataclasses.dataclass(repr=False)
-class EvaluationResult(TextRepr):
+class EvaluationResult(ProbeResult):
     outcomes: list[RecipeOutcome]
     reference_name: str | None
     dataset: str | None
@@ -180,8 +181,6 @@ class EvaluationResult(TextRepr):
 
     # --- the table and the ranking --------------------------------------------------------------------------
     def table(self) -> list[dict[str, Any]]:
-        from workbench.probes.evaluation.metrics import TABLE_COLUMNS
-
         rows = []
         for o in self.outcomes:
             row: dict[str, Any] = {"Model": o.name + (" (base)" if o.name == self.reference_name else "")}
@@ -306,8 +305,6 @@ class EvaluationResult(TextRepr):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from workbench.probes.evaluation.metrics import TABLE_COLUMNS
-
         labels = list(TABLE_COLUMNS.values())
         fig, ax = plt.subplots(figsize=(8, 3.2))
         width = 0.8 / len(labels)
@@ -320,10 +317,7 @@ class EvaluationResult(TextRepr):
         fig.tight_layout()
         return fig
 
-    def display(self):
-        from workbench.report.display import Bold, Code, Details, Display, Heading, Paragraph, Table
-        from workbench.report.html import figure, findings_block
-
+    def details(self):
         table = self.table()
         scored = [r for r in table if r["Mean IoU"] is not None]
         chart = (figure(lambda: self.plot(scored), "the recipes' metrics on the evaluation set, as bars")
@@ -343,10 +337,10 @@ class EvaluationResult(TextRepr):
              for n, r in failures])) if failures else None
         memory = [{"recipe": o.name, **{k: (f"{v / 2**20:.1f} MiB" if k != "seconds" else v)
                                         for k, v in o.memory.items()}} for o in self.outcomes]
-        lineage = [Display(Heading(o.name), o.lineage.display()) for o in self.outcomes if o.lineage is not None]
-        placement = [Display(Heading(o.name), o.placement.display()) for o in self.outcomes
+        lineage = [Display(Heading(o.name), o.lineage.view()) for o in self.outcomes if o.lineage is not None]
+        placement = [Display(Heading(o.name), o.placement.view()) for o in self.outcomes
                      if o.placement is not None and o.placement.device_map]
-        return Display(findings_block(self.findings()), best_line, Table.from_records(table), chart,
+        return Display(best_line, Table.from_records(table), chart,
                        failure_table, Heading(f"Memory per recipe ({self.memory_kind})", level=3),
                        Table.from_records(memory),
                        *([Heading("Adapter lineage", level=3), *lineage] if lineage else []),
@@ -365,8 +359,6 @@ def _progress_bar(total: int, name: str):
 def _shared_model_of(recipe: Recipe, target):
     """The diagnosis' prepared model when `recipe` is the target itself (same folder, no other base) and it is
     resident: nothing is generated without a dataset, so its placement can be read without a second load."""
-    from workbench.model.shared import shared_if_prepared
-
     own = target.adapter_dir or target.model_dir
     if recipe.base or Path(recipe.path).resolve() != Path(own).resolve():
         return None
@@ -376,8 +368,6 @@ def _shared_model_of(recipe: Recipe, target):
 
 def evaluate_recipes(recipes: RecipeList, target) -> EvaluationResult:
     """Every recipe of the list, plus the reference base, one at a time with the target's load options."""
-    from workbench.demo.grounding import read_dataset
-
     rows, unreadable = [], []
     if recipes.dataset:
         rows = read_dataset(recipes.dataset)
@@ -392,8 +382,6 @@ def evaluate_recipes(recipes: RecipeList, target) -> EvaluationResult:
     options = dict(quant=target.quant, dtype=target.dtype, device_map=target.device_map,
                    max_memory=target.max_memory, trust_remote_code=target.trust_remote_code)
     if rows or any(_shared_model_of(r, target) is None for r in listed):
-        from workbench.model.shared import make_room_for_a_copy
-
         make_room_for_a_copy(target)  # recipes load one by one: a big shared model is not kept beside them
     outcomes = []
     for recipe in listed:

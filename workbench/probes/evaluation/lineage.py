@@ -1,6 +1,6 @@
 """`adapter.base_model`: was the adapter put on the base it was trained on?
 
-`PeftModel.from_pretrained(model, adapter)` never checks which base it was given. The seeds' two-stage recipe
+`PeftModel.from_pretrained(model, adapter)` never checks which base it was given. A two-stage recipe
 trained its stage-2 LoRA on stage 1 (vision tower fine-tuned) and was evaluated on the original base: it loaded,
 ran, and scored IoU 0.62 instead of 0.84. This probe compares the base recorded in `adapter_config.json`
 (`base_model_name_or_path`, `revision`) with the base actually loaded, and goes past PEFT:
@@ -20,11 +20,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workbench.model.checkpoint import CheckpointInspection, checkpoint_key_mapper, inspect_checkpoint
-from workbench.model.components import ComponentClassifier
+from workbench.display.result import ProbeResult
 from workbench.errors import UsageError
 from workbench.findings import Finding
-from workbench.report.text import TextRepr
+from workbench.model.checkpoint import CheckpointInspection, checkpoint_key_mapper, inspect_checkpoint
+from workbench.model.components import ComponentClassifier
 
 SAMPLE_BYTES = 4096
 
@@ -101,7 +101,7 @@ class ChainNode:
 
 
 @dataclasses.dataclass(repr=False)
-class LineageResult(TextRepr):
+class LineageResult(ProbeResult):
     adapter: str | None
     recorded_base: str | None
     recorded_revision: str | None
@@ -196,18 +196,17 @@ class LineageResult(TextRepr):
                  for a, b, label in self.edges]
         return "; ".join(parts)
 
-    def display(self):
-        from workbench.report.display import Display, Figure, Paragraph
-        from workbench.report.html import findings_block
+    def details(self):
+        from workbench.display.nodes import Display, Figure, Paragraph
 
         # the drawing's text alternative is the paragraph before it, so text shows the chain once
-        return Display(findings_block(self.findings()), Paragraph(f"Lineage: {self.chain_text()}"),
+        return Display(Paragraph(f"Lineage: {self.chain_text()}"),
                        Figure(lineage_svg(self.chain, self.edges), alt=""),
                        _differences_table(self.base_differences) if self.base_differences else None)
 
 
 def _differences_table(diff: dict[str, dict[str, int]]):
-    from workbench.report.display import Display, Paragraph, Table
+    from workbench.display.nodes import Display, Paragraph, Table
 
     rows = [[c, r["identical"], r["different"], r["only_in_one"]] for c, r in sorted(diff.items())]
     return Display(Paragraph("Recorded base against loaded base, per component (sampled bytes of every tensor):"),
@@ -219,7 +218,7 @@ COLOURS = {"reference": "#eceff1", "base": "#e3f2fd", "adapter": "#e8f5e9", "loa
 
 def lineage_svg(nodes: list[ChainNode], edges: list[tuple[int, int, str]]) -> str:
     """A left-to-right chain of boxes with labelled arrows; a 'loaded' node (the wrong base) sits below, in red."""
-    from workbench.report.html import esc
+    from workbench.display.findings_view import esc
 
     if not nodes:
         return ""

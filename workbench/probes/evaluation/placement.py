@@ -1,7 +1,7 @@
 """`placement.offload`: where the loaded model's modules actually are, and what that breaks.
 
 `device_map="auto"` fills the GPUs, then the CPU, then the disk, and only warns ("Some parameters are on the meta
-device because they were offloaded to the cpu"). The seeds' joint recipe was evaluated that way after the previous
+device because they were offloaded to the cpu"). A joint recipe was evaluated that way after the previous
 recipe's memory was never freed: flash-attention needs every tensor on CUDA, every sample failed, and the table
 said 0 % detection. This probe reads `hf_device_map` after loading, names every module on cpu / disk / meta with its
 bytes (the memory that would have been needed on the GPU), and fails when the attention implementation cannot run
@@ -16,8 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.display.nodes import Cell, Code, Display, Paragraph, Table
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.report.text import TextRepr
+from workbench.model.components import unwrap_model
 
 OFFLOAD_DEVICES = ("cpu", "disk", "meta")
 
@@ -38,7 +40,7 @@ def module_bytes(module: nn.Module) -> int:
 
 
 @dataclasses.dataclass(repr=False)
-class PlacementResult(TextRepr):
+class PlacementResult(ProbeResult):
     model_name: str
     device_map: dict[str, str] | None
     attn_implementation: str | None
@@ -75,26 +77,21 @@ class PlacementResult(TextRepr):
             return [Finding("placement.offload", "fail",
                             f"{self.attn_implementation} cannot run on offloaded modules",
                             detail + f"{self.attn_implementation} needs every tensor on CUDA: each forward fails "
-                            "(the seeds' 0 % detection) or the evaluation silently scores zero.", evidence, fix)]
+                            "(0 % detection) or the evaluation silently scores zero.", evidence, fix)]
         return [Finding("placement.offload", "warn", f"{len(off) or len(self.meta_parameters)} module(s) offloaded "
                         f"to {', '.join(sorted({p['device'] for p in off})) or 'meta'}",
                         detail + f"Attention ({self.attn_implementation}) still runs, slowly: offloaded weights are "
                         "moved in for every forward.", evidence, fix)]
 
-    def display(self):
-        from workbench.report.display import Cell, Code, Display, Paragraph, Table
-        from workbench.report.html import findings_block
-
+    def details(self):
         rows = [[Code(p["module"] or "(whole model)"), p["device"], Cell(f"{p['bytes']:,}", align="right")]
                 for p in self.placed[:60]]
         table = (Table(["module", "device", "bytes"], rows) if rows
                  else Paragraph("No device map: the model sits on one device."))
-        return Display(findings_block(self.findings()), table)
+        return Display(table)
 
 
 def placement_of(model: nn.Module, name: str = "model") -> PlacementResult:
-    from workbench.model.components import unwrap_model
-
     inner, _ = unwrap_model(model)
     device_map = getattr(inner, "hf_device_map", None) or getattr(model, "hf_device_map", None)
     placed = []

@@ -1,7 +1,7 @@
 """Recipes to evaluate side by side: a YAML list (`parameters/recipes.yaml`), or the CLI's CKPT/ADAPTER/BASE.
 
     base: ../.cache/demo/qwen2vl-base          # the reference row: the original base, evaluated as is
-    dataset: ../.cache/demo/recipes/grounding-eval   # data.jsonl + images (workbench.demo.grounding's format)
+    dataset: ../.cache/demo/recipes/grounding-eval   # data.jsonl + images (workbench.tasks.grounding's format)
     max_samples: 32                            # optional; max_new_tokens (24) and batch_size (16) too
     recipes:
       - {name: r1-llm-only, path: ../.cache/demo/recipes/r1-llm-only}          # kind from the folder
@@ -18,8 +18,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from workbench.display.result import ProbeResult
 from workbench.errors import UsageError
-from workbench.report.text import TextRepr
 
 FILE_KEYS = {"base", "dataset", "max_samples", "max_new_tokens", "batch_size", "recipes"}
 RECIPE_KEYS = {"name", "path", "base", "kind"}
@@ -53,7 +53,7 @@ class Recipe:
 
 
 @dataclasses.dataclass(repr=False)
-class RecipeList(TextRepr):
+class RecipeList(ProbeResult):
     recipes: list[Recipe]
     reference: str | None  # the original base, evaluated as a reference row
     dataset: str | None
@@ -62,8 +62,8 @@ class RecipeList(TextRepr):
     source: str = "the command line"
     batch_size: int = 16  # samples generated together (a batch that fails is retried one sample at a time)
 
-    def display(self):
-        from workbench.report.display import Code, Display, Paragraph, Table
+    def details(self):
+        from workbench.display.nodes import Code, Display, Paragraph, Table
 
         rows = [[r.name, r.kind_or_missing(), Code(r.path), Code(r.base or "")] for r in self.recipes]
         return Display(Paragraph(f"{len(self.recipes)} recipe(s) from {self.source}; reference base: ",

@@ -16,30 +16,28 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.model.components import ComponentClassifier, unwrap_model
+from workbench.display.nodes import Details, Display, Table
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.model.bnb_cpu_layout import (bitsandbytes_version, held_layout_note, keep_training_layout,
-                                            packed_for_cpu_inference, packed_training_fix)
-from workbench.report.text import TextRepr
+from workbench.model.bnb_cpu_layout import (
+    bitsandbytes_version,
+    held_layout_note,
+    keep_training_layout,
+    packed_for_cpu_inference,
+    packed_training_fix,
+)
+from workbench.model.checkpointing import checkpointing_state
+from workbench.model.components import ComponentClassifier
+from workbench.model.cpu_half_matmul import describe, fp32_half_matmul
+from workbench.model.dtypes import compute_dtype_of
+from workbench.model.forward import device_type_of, target_inputs
+from workbench.model.heads import loss_of
 
 WRAPPER_PREFIXES = re.compile(r"^(module\.)*(base_model\.model\.)?")
 
 
 def normalize_name(name: str) -> str:
     return WRAPPER_PREFIXES.sub("", name)
-
-
-def _checkpointing_state(model: nn.Module) -> dict[str, Any]:
-    """Gradient checkpointing as transformers set it: on/off, use_reentrant, and whether the input-grad hook is on."""
-    inner, _ = unwrap_model(model)
-    func = next((m._gradient_checkpointing_func for m in inner.modules()
-                 if getattr(m, "gradient_checkpointing", False) and hasattr(m, "_gradient_checkpointing_func")), None)
-    reentrant = getattr(func, "keywords", {}).get("use_reentrant") if func is not None else None
-    # transformers names it make_inputs_require_grads, PEFT make_inputs_require_grad; it sits on
-    # get_input_embeddings(), or for an encoder-decoder (T5) on each stack's embed_tokens
-    hooked = any(getattr(h, "__name__", "").startswith("make_inputs_require_grad")
-                 for m in inner.modules() for h in m._forward_hooks.values())
-    return {"enabled": func is not None, "use_reentrant": reentrant, "input_grad_hook": hooked}
 
 
 @dataclasses.dataclass
@@ -56,7 +54,7 @@ class GradRow:
 
 
 @dataclasses.dataclass(repr=False)
-class GradFlowResult(TextRepr):
+class GradFlowResult(ProbeResult):
     rows: list[GradRow]
     loss: float | None
     error: str | None
@@ -156,16 +154,13 @@ class GradFlowResult(TextRepr):
         """The verdict of the step itself, which ran on the training layout."""
         return dataclasses.replace(self, packed_for_inference=[]).findings()[0]
 
-    def display(self):
+    def details(self):
         import pandas as pd
-
-        from workbench.report.display import Details, Display, Table
-        from workbench.report.html import findings_block
 
         summary = pd.DataFrame([{"component/role": k, **v} for k, v in self.summary().items()]).fillna(0)
         bad = self.to_frame()
         bad = bad[bad["status"] != "ok"] if not bad.empty else bad
-        return Display(findings_block(self.findings()), Table.from_frame(summary),
+        return Display(Table.from_frame(summary),
                        Details("tensors without a gradient", Table.from_frame(bad.head(200))) if not bad.empty
                        else None)
 
@@ -188,22 +183,14 @@ def _lora_b_is_zero(model: nn.Module, a_name: str) -> bool:
 
 
 def grad_flow_probe(prepared, target) -> GradFlowResult:
-    from workbench.model.cpu_half_matmul import describe, fp32_half_matmul
-    from workbench.model.heads import loss_of
-    from workbench.model.inputs import sample_inputs
-    from workbench.probes.dtype.islands import compute_dtype_of
-    from workbench.probes.forward.scenarios import device_type_of, labels_how, with_labels
-
     model = prepared.model
     if not any(p.requires_grad for p in model.parameters()):  # e.g. an adapter loaded for inference (plain)
-        return GradFlowResult([], None, None, _checkpointing_state(model), False, "no step run: nothing trainable")
+        return GradFlowResult([], None, None, checkpointing_state(model), False, "no step run: nothing trainable")
     # weights a set-up (or an earlier unguarded eval forward) left in bitsandbytes' CPU inference layout: named,
     # then put back, so the step below measures what training gets once that is fixed
     packed = list(getattr(prepared, "packed_at_setup", ())) or packed_for_cpu_inference(model)
     keep_training_layout(model)
-    inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
-    inputs = with_labels(model, inputs)
-    how = f"{how}; {labels_how(model, inputs)}"
+    inputs, how = target_inputs(model, target)
     classifier = ComponentClassifier.from_model(model)
     was_training = model.training
     model.train()
@@ -272,5 +259,5 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
                     unused.append(normalize_name(name))
             rows.append(GradRow(normalize_name(name), component, role, status, norm, expected))
     model.zero_grad(set_to_none=True)
-    return GradFlowResult(rows, loss_value, error, _checkpointing_state(model), has_pixels, how, unused,
+    return GradFlowResult(rows, loss_value, error, checkpointing_state(model), has_pixels, how, unused,
                           describe(promoted), packed, held_layout_note(model))

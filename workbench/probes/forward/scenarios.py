@@ -10,16 +10,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-import threading
 from typing import Any
 
 import torch
 from torch import nn
 
+from workbench.display.nodes import Cell as ShadedCell
+from workbench.display.nodes import Details, Display, Heading, Paragraph, Table
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.bnb_cpu_layout import held_layout_note, keep_training_layout
+from workbench.model.dtypes import compute_dtype_of
+from workbench.model.forward import logits_of, run_forward, target_inputs
+from workbench.model.memory import free_memory
 from workbench.probes.dtype.tracer import DtypeTracer
-from workbench.report.text import TextRepr
 
 CONTEXTS = ("no autocast", "autocast", "replica thread under autocast")
 DTYPE_ERROR = re.compile(r"dtype|BFloat16|Half|Float|Double", re.I)
@@ -47,41 +51,6 @@ class Cell:
                 "NaN/inf": self.nonfinite, "error": self.error or ""}
 
 
-def device_type_of(model: nn.Module) -> str:
-    from workbench.model.loading import first_device
-
-    return first_device(model).type
-
-
-def _logits(out: Any) -> torch.Tensor:
-    return getattr(out, "logits", None) if getattr(out, "logits", None) is not None else out[0]
-
-
-def _run(model: nn.Module, inputs: dict, context: str, compute_dtype: torch.dtype, grad: bool = False):
-    """Run one forward in a context; returns (output, exception)."""
-    device_type = device_type_of(model)
-    box: dict[str, Any] = {}
-
-    def forward() -> None:
-        try:
-            with (contextlib.nullcontext() if grad else torch.no_grad()):
-                box["out"] = model(**inputs)
-        except Exception as exc:  # noqa: BLE001 - the failure is the result
-            box["exc"] = exc
-
-    if context == "no autocast":
-        forward()
-    else:
-        with torch.autocast(device_type, dtype=compute_dtype):
-            if context == "autocast":
-                forward()
-            else:
-                worker = threading.Thread(target=forward, name="replica-0")
-                worker.start()
-                worker.join()
-    return box.get("out"), box.get("exc")
-
-
 def _variants(model: nn.Module):
     yield "as prepared", contextlib.nullcontext()
     if hasattr(model, "disable_adapter") and hasattr(model, "peft_config"):
@@ -103,26 +72,18 @@ def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> li
                 for mode in ("eval", "train"):
                     model.train(mode == "train")
                     for context in CONTEXTS:
-                        out, exc = _run(model, inputs, context, compute_dtype)
+                        out, exc = run_forward(model, inputs, context, compute_dtype)
                         if exc is not None:
                             cells.append(Cell(variant, mode, context, False, _describe(exc)))
                             if isinstance(exc, torch.OutOfMemoryError):
-                                _free()
+                                free_memory()
                             continue
-                        logits = _logits(out)
+                        logits = logits_of(out)
                         cells.append(Cell(variant, mode, context, True, None, str(logits.dtype).removeprefix("torch."),
                                           tuple(logits.shape), not bool(torch.isfinite(logits.float()).all())))
     finally:
         model.train(was_training)
     return cells
-
-
-def _free() -> None:
-    import gc
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def fix_for(diagnosis: dict[str, Any] | None) -> str:
@@ -138,7 +99,7 @@ def fix_for(diagnosis: dict[str, Any] | None) -> str:
 
 
 @dataclasses.dataclass(repr=False)
-class ForwardResult(TextRepr):
+class ForwardResult(ProbeResult):
     cells: list[Cell]
     inputs_how: str
     compute_dtype: str
@@ -219,67 +180,26 @@ class ForwardResult(TextRepr):
                            flow_evidence)
         return [scenarios, flow]
 
-    def display(self):
-        from workbench.report.display import Cell, Details, Display, Heading, Paragraph, Table
-        from workbench.report.html import findings_block
-
+    def details(self):
         grid = self.to_frame()
         table = grid.pivot_table(index=["variant", "mode"], columns="context", values="result", aggfunc="first")
         table = table[[c for c in CONTEXTS if c in table.columns]]
         colour = {"pass": "#c8e6c9", "fail": "#ffcdd2"}
-        cells = [[f"{v} / {m}", *(Cell(table.loc[(v, m), c], background=colour.get(table.loc[(v, m), c], "#fff"),
+        cells = [[f"{v} / {m}", *(ShadedCell(table.loc[(v, m), c], background=colour.get(table.loc[(v, m), c], "#fff"),
                                        align="center") for c in table.columns)] for v, m in table.index]
         flow = (Table.from_records(self.flow) if self.flow
                 else Paragraph("No module with a weight was traced."))
-        return Display(findings_block(self.findings()), Paragraph(f"Inputs: {self.inputs_how}"),
+        return Display(Paragraph(f"Inputs: {self.inputs_how}"),
                        Table(["", *table.columns], cells, css_class="wb-grid", row_headers=True),
                        Heading(f"Dtype flow ({self.traced_cell or 'train / no autocast'})"), flow,
                        Details("all cells", Table.from_frame(grid)))
 
 
-def with_labels(model: nn.Module, inputs: dict) -> dict:
-    """Add labels that fit the head (workbench.model.heads) when the model's forward takes them: the input ids for
-    a causal / image-text / seq2seq LM, one class per row for sequence classification, one class per token for
-    token classification, none for a bare model."""
-    import inspect
-
-    from workbench.model.heads import labels_for
-
-    if "labels" in inputs or "input_ids" not in inputs:
-        return inputs
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return inputs
-    if "labels" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        labels = labels_for(model, inputs)
-        if labels is not None:
-            return {**inputs, "labels": labels}
-    return inputs
-
-
-def labels_how(model: nn.Module, inputs: dict) -> str:
-    """How the labels of a batch were made, for the report."""
-    from workbench.model.heads import DESCRIPTIONS, head_kind
-
-    head = head_kind(model)
-    if "labels" not in inputs:
-        return f"{DESCRIPTIONS[head]} head: no labels (loss from the mean of its outputs)"
-    shape = list(inputs["labels"].shape)
-    what = {"seq_cls": "one class per row", "token_cls": "one class per token"}.get(head, "labels = input_ids")
-    return f"{DESCRIPTIONS[head]} head: {what} {shape}"
-
-
 def forward_scenarios_probe(prepared, target) -> ForwardResult:
-    from workbench.model.inputs import sample_inputs
-    from workbench.probes.dtype.islands import compute_dtype_of
-
     model = prepared.model
     keep_training_layout(model)  # the eval cells must not repack 4-bit weights the train cells then run on
     compute = compute_dtype_of(model)
-    inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
-    inputs = with_labels(model, inputs)
-    how = f"{how}; {labels_how(model, inputs)}"
+    inputs, how = target_inputs(model, target)
     cells = run_matrix(model, inputs, compute)
     failing = next((c for c in cells if not c.ok), None)
     chosen = failing or Cell("as prepared", "train", "no autocast", True)
@@ -289,7 +209,7 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
         with variants.get(chosen.variant, contextlib.nullcontext()):
             model.train(chosen.mode == "train")
             with DtypeTracer(model) as tracer:
-                _run(model, inputs, chosen.context, compute)
+                run_forward(model, inputs, chosen.context, compute)
     finally:
         model.train(was_training)
     failing_call = tracer.failing_call()

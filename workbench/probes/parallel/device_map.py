@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from workbench.model.components import unwrap_model
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
+from workbench.model.components import unwrap_model
 
 DEFAULT_GPU_MEMORY = "80GiB"
 DEFAULT_CPU_MEMORY = "64GiB"
@@ -74,35 +75,53 @@ def loaded_device_map(model) -> DeviceMapSummary:
     return DeviceMapSummary("as loaded", getattr(inner, "hf_device_map", None))
 
 
-def device_map_finding(loaded: DeviceMapSummary, predictions: list[DeviceMapSummary], gpus: int,
-                       budget: dict, assumed: bool) -> Finding:
-    evidence = {"loaded": loaded.as_row(), "predicted": [p.as_row() for p in predictions],
-                "max_memory": {str(k): v for k, v in budget.items()}, "max_memory_assumed": assumed}
-    budget_note = (f" (assumed {DEFAULT_GPU_MEMORY} per GPU; pass --max-memory for yours)" if assumed else "")
-    offloads = [s for s in [loaded, *predictions] if s.offloaded]
-    errors = [s for s in predictions if s.error]
-    collapsed = [s for s in predictions if s.collapsed] if gpus > 1 else []
-    if loaded.offloaded:
-        names = ", ".join(list(loaded.offloaded)[:5])
-        return Finding("parallel.device_map", "warn", f"{len(loaded.offloaded)} module(s) of the loaded model are "
-                       f"on cpu/disk: {names}", "Offloaded layers run slowly and break kernels that need every "
-                       "tensor on the GPU (flash-attention: 'q must be on CUDA'; bitsandbytes refuses cpu entries "
-                       "for 4-bit without llm_int8_enable_fp32_cpu_offload).", evidence,
-                       "Free GPU memory before loading (gc.collect(); torch.cuda.empty_cache()), give max_memory "
-                       "room, or quantize; check hf_device_map after every load.")
-    if errors or offloads:
-        first = (errors or offloads)[0]
-        return Finding("parallel.device_map", "warn", f"{first.scenario} would offload or fail{budget_note}",
-                       first.error or f"cpu/disk entries: {list(first.offloaded)[:5]}", evidence,
-                       "Give each GPU more memory in max_memory, add GPUs, or load in 4-bit.")
-    if collapsed:
-        return Finding("parallel.device_map", "info",
-                       f"{collapsed[0].scenario} keeps the whole model on one GPU{budget_note}",
-                       "The model fits on one GPU, so device_map does not shard it: hf_device_map becomes "
-                       "{'': 0}, the Trainer does not see model parallelism, and with more than one visible GPU "
-                       "it wraps the model in DataParallel (see parallel.trainer_wrap).", evidence,
-                       "To really shard, cap max_memory below the model's size per GPU; to use both GPUs for data "
-                       "parallelism, launch with torchrun (DDP).")
-    spanned = ", ".join(f"{p.scenario}: {len(p.gpus)} GPU(s)" for p in predictions)
-    return Finding("parallel.device_map", "pass", "No offload; placement as expected" + budget_note,
-                   f"as loaded: {loaded.device_map or 'no device map (one device)'}; {spanned}", evidence)
+@dataclasses.dataclass(repr=False)
+class DeviceMapResult(ProbeResult):
+    """`parallel.device_map`: the loaded model's map and what device_map would give on the asked GPUs."""
+
+    loaded: DeviceMapSummary
+    predictions: list[DeviceMapSummary]
+    gpus: int
+    budget: dict
+    assumed: bool
+
+    def findings(self) -> list[Finding]:
+        evidence = {"loaded": self.loaded.as_row(), "predicted": [p.as_row() for p in self.predictions],
+                    "max_memory": {str(k): v for k, v in self.budget.items()}, "max_memory_assumed": self.assumed}
+        budget_note = (f" (assumed {DEFAULT_GPU_MEMORY} per GPU; pass --max-memory for yours)" if self.assumed else "")
+        offloads = [s for s in [self.loaded, *self.predictions] if s.offloaded]
+        errors = [s for s in self.predictions if s.error]
+        collapsed = [s for s in self.predictions if s.collapsed] if self.gpus > 1 else []
+        if self.loaded.offloaded:
+            names = ", ".join(list(self.loaded.offloaded)[:5])
+            return [Finding("parallel.device_map", "warn",
+                            f"{len(self.loaded.offloaded)} module(s) of the loaded model are "
+                            f"on cpu/disk: {names}", "Offloaded layers run slowly and break kernels that need every "
+                            "tensor on the GPU (flash-attention: 'q must be on CUDA'; bitsandbytes refuses cpu entries "
+                            "for 4-bit without llm_int8_enable_fp32_cpu_offload).", evidence,
+                            "Free GPU memory before loading (gc.collect(); torch.cuda.empty_cache()), give max_memory "
+                            "room, or quantize; check hf_device_map after every load.")]
+        if errors or offloads:
+            first = (errors or offloads)[0]
+            return [Finding("parallel.device_map", "warn", f"{first.scenario} would offload or fail{budget_note}",
+                            first.error or f"cpu/disk entries: {list(first.offloaded)[:5]}", evidence,
+                            "Give each GPU more memory in max_memory, add GPUs, or load in 4-bit.")]
+        if collapsed:
+            return [Finding("parallel.device_map", "info",
+                            f"{collapsed[0].scenario} keeps the whole model on one GPU{budget_note}",
+                            "The model fits on one GPU, so device_map does not shard it: hf_device_map becomes "
+                            "{'': 0}, the Trainer does not see model parallelism, and with more than one visible GPU "
+                            "it wraps the model in DataParallel (see parallel.trainer_wrap).", evidence,
+                            "To really shard, cap max_memory below the model's size per GPU; to use both GPUs for data "
+                            "parallelism, launch with torchrun (DDP).")]
+        spanned = ", ".join(f"{p.scenario}: {len(p.gpus)} GPU(s)" for p in self.predictions)
+        return [Finding("parallel.device_map", "pass", "No offload; placement as expected" + budget_note,
+                        f"as loaded: {self.loaded.device_map or 'no device map (one device)'}; {spanned}", evidence)]
+
+    def details(self):
+        from workbench.display.nodes import Display, Table
+
+        rows = [self.loaded.as_row(), *[p.as_row() for p in self.predictions]]
+        return Display(Table.from_records(rows))
+
+

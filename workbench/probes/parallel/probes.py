@@ -7,15 +7,22 @@ from typing import Any
 
 import transformers
 
-from workbench.model.components import unwrap_model
-from workbench.probes.parallel.device_map import (DeviceMapSummary, default_max_memory, device_map_finding, loaded_device_map,
-                                  predict_device_map)
+from workbench.display.nodes import Bullets, Display, Heading, Paragraph, Table
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.dtype.islands import compute_dtype_of
+from workbench.model.components import unwrap_model
+from workbench.model.dtypes import compute_dtype_of
+from workbench.model.forward import target_inputs
+from workbench.model.loading import auto_config
+from workbench.probes.parallel.device_map import (
+    DeviceMapResult,
+    default_max_memory,
+    loaded_device_map,
+    predict_device_map,
+)
 from workbench.probes.parallel.release_rules import release_line_for, verdicts_across_releases
 from workbench.probes.parallel.replica import ForwardOutcome, replica_forward_check
 from workbench.probes.parallel.trainer_wrap import WrapObservation, observe_trainer, single_gpu_baseline
-from workbench.report.text import TextRepr
 
 PREDICTED_SPECS = ("auto", "balanced")
 
@@ -39,8 +46,6 @@ def expected_device_map(prepared, target) -> tuple[dict | None, str]:
     if isinstance(spec, int):
         return {"": spec}, "--device-map as given"
     if isinstance(spec, str) and spec != "cpu":
-        from workbench.model.loading import auto_config
-
         budget, _ = default_max_memory(target.gpus, target.max_memory)
         predicted = predict_device_map(auto_config(target.model_dir), spec, target.gpus, budget, target.quant)
         return predicted.device_map, f'predicted for device_map="{spec}" on {target.gpus} GPU(s)'
@@ -52,7 +57,7 @@ def expected_device_map(prepared, target) -> tuple[dict | None, str]:
 
 
 @dataclasses.dataclass(repr=False)
-class TrainerWrapResult(TextRepr):
+class TrainerWrapResult(ProbeResult):
     headline: WrapObservation
     map_reason: str
     scenarios: list[WrapObservation]
@@ -126,12 +131,9 @@ class TrainerWrapResult(TextRepr):
                         f"is_model_parallel={h.is_model_parallel}; {h.steps_per_epoch} steps per epoch." + others,
                         evidence)]
 
-    def display(self):
-        from workbench.report.display import Bullets, Display, Heading, Paragraph, Table
-        from workbench.report.html import findings_block
-
+    def details(self):
         simulated = self.headline.simulated
-        return Display(findings_block(self.findings()), Heading("What the installed Trainer does"),
+        return Display(Heading("What the installed Trainer does"),
                        Paragraph(f"Map: {self.map_reason}."),
                        Paragraph("Simulated on this machine:") if simulated else None, Bullets(simulated),
                        Table.from_frame(self.to_frame()), Heading("Forward as a DataParallel replica runs it"),
@@ -161,12 +163,7 @@ def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
         row["is_loaded_in_4bit"] = four
     replica: list[ForwardOutcome] = []
     if headline.wraps_data_parallel or any(r["wraps_data_parallel"] for r in releases):
-        from workbench.model.inputs import sample_inputs
-
-        from workbench.probes.forward.scenarios import with_labels
-
-        inputs, _how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
-        inputs = with_labels(model, inputs)  # the labels that fit the head: T5 cannot run its decoder without them
+        inputs, _how = target_inputs(model, target)  # labels that fit the head: T5 cannot run its decoder without
         replica = replica_forward_check(model, inputs, compute_dtype_of(model))
     baseline = single_gpu_baseline(options["dataset_size"], options["per_device_batch"], options["accumulation"])
     installed = transformers.__version__
@@ -176,28 +173,7 @@ def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
     return TrainerWrapResult(headline, reason, scenarios, releases, replica, baseline, installed)
 
 
-@dataclasses.dataclass(repr=False)
-class DeviceMapResult(TextRepr):
-    loaded: DeviceMapSummary
-    predictions: list[DeviceMapSummary]
-    gpus: int
-    budget: dict
-    assumed: bool
-
-    def findings(self) -> list[Finding]:
-        return [device_map_finding(self.loaded, self.predictions, self.gpus, self.budget, self.assumed)]
-
-    def display(self):
-        from workbench.report.display import Display, Table
-        from workbench.report.html import findings_block
-
-        rows = [self.loaded.as_row(), *[p.as_row() for p in self.predictions]]
-        return Display(findings_block(self.findings()), Table.from_records(rows))
-
-
 def device_map_probe(prepared, target) -> DeviceMapResult:
-    from workbench.model.loading import auto_config
-
     budget, assumed = default_max_memory(target.gpus, target.max_memory)
     config = auto_config(target.model_dir, trust_remote_code=target.trust_remote_code)
     specs = list(PREDICTED_SPECS)

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.model.loading import first_device
+
 
 @dataclasses.dataclass
 class ForwardOutcome:
@@ -44,8 +46,6 @@ def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) ->
 def replica_forward_check(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> list[ForwardOutcome]:
     """Three forwards in training mode: main thread under autocast (a single-GPU Trainer), a worker thread started
     under autocast (a DataParallel replica), the main thread with no autocast (a wrapped model in Trainer >= 4.30)."""
-    from workbench.model.loading import first_device
-
     device_type = first_device(model).type
     was_training = model.training
     model.train()

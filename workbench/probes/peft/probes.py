@@ -17,8 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.display.nodes import Bullets, Display, Paragraph, Table
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.report.text import TextRepr
+from workbench.model.loading import load_pretrained
+from workbench.model.setups import add_fresh_lora
 
 MISSING = "—"
 # read by Trainer.__init__ / _wrap_model / validate_quantization_for_training and by accelerate's prepare
@@ -75,7 +78,7 @@ def snapshot(step: str, model: nn.Module) -> AttributeSnapshot:
 
 
 @dataclasses.dataclass(repr=False)
-class AttributeResult(TextRepr):
+class AttributeResult(ProbeResult):
     snapshots: list[AttributeSnapshot]
     skipped: list[str]
 
@@ -128,12 +131,8 @@ class AttributeResult(TextRepr):
         return [Finding("peft.attributes", "info", "Trainer-read attributes survive every wrapping step", detail,
                         evidence)]
 
-    def display(self):
-        from workbench.report.display import Bullets, Display, Paragraph, Table
-        from workbench.report.html import findings_block
-
-        return Display(findings_block(self.findings()),
-                       Table.from_frame(self.to_frame().reset_index(names="attribute")),
+    def details(self):
+        return Display(Table.from_frame(self.to_frame().reset_index(names="attribute")),
                        Paragraph("Steps not run:") if self.skipped else None, Bullets(self.skipped))
 
 
@@ -151,9 +150,6 @@ def peft_attribute_probe(target) -> AttributeResult:
     """Load the model and walk it through the wrapping steps, snapshotting after each one; the model is freed on
     return, so run this before `prepare_model` (never two copies resident)."""
     from peft import PeftModel, prepare_model_for_kbit_training
-
-    from workbench.model.loading import load_pretrained
-    from workbench.model.setups import add_fresh_lora
 
     skipped: list[str] = []
     load = dict(quant=target.quant, device_map=target.device_map, max_memory=target.max_memory,
@@ -188,7 +184,7 @@ def with_setup_attributes(report: AttributeResult, prepared, target) -> Attribut
 
 
 @dataclasses.dataclass(repr=False)
-class LayerStatusResult(TextRepr):
+class LayerStatusResult(ProbeResult):
     model_status: dict[str, Any] | None
     layers: list[dict[str, Any]]
 
@@ -225,12 +221,9 @@ class LayerStatusResult(TextRepr):
                          "LoRA A/B dtypes match their base layers' compute dtype.")
                         + f" Devices: {status.get('devices')}.", evidence)]
 
-    def display(self):
-        from workbench.report.display import Display, Table
-        from workbench.report.html import findings_block
-
+    def details(self):
         summary = Table(None, (self.model_status or {}).items(), row_headers=True)
-        return Display(findings_block(self.findings()), summary, Table.from_frame(self.to_frame().head(200)))
+        return Display(summary, Table.from_frame(self.to_frame().head(200)))
 
 
 def _base_compute_dtype(layer: nn.Module) -> str:

@@ -19,16 +19,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.probes.saved.files import SavedFiles, adapter_module
-from workbench.report.text import TextRepr
 
 CHECK = "adapter.targets"
 SUPPORTED = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Embedding", "Conv1D", "MultiheadAttention")
 
 
 @dataclasses.dataclass(repr=False)
-class AdapterTargetsResult(TextRepr):
+class AdapterTargetsResult(ProbeResult):
     adapter: str | None
     skipped: str | None = None
     error: str | None = None  # the base skeleton or the config could not be built
@@ -113,16 +113,14 @@ class AdapterTargetsResult(TextRepr):
                         f"{self.form} target_modules {self.target_modules!r}, matched by PEFT's own rule on a "
                         f"meta-device skeleton of the base{mts}.", evidence)]
 
-    def display(self):
-        from workbench.report.display import Display, Table
-        from workbench.report.html import findings_block
+    def details(self):
+        from workbench.display.nodes import Display, Table
 
         def names(modules: list[str]) -> str:
             return ", ".join(sorted({m.rsplit(".", 1)[-1] for m in modules}))
 
         rows = [[c, len(v), names(v)] for c, v in self.matched.items()]
-        return Display(findings_block(self.findings()),
-                       Table(["component", "modules matched", "names"], rows) if rows else None)
+        return Display(Table(["component", "modules matched", "names"], rows) if rows else None)
 
 
 def component_of(classifier, name: str) -> str:
@@ -141,7 +139,8 @@ def _form(target_modules: Any) -> str:
     return "list"
 
 
-def adapter_targets(files: SavedFiles) -> AdapterTargetsResult:
+def adapter_targets_probe(files: SavedFiles) -> AdapterTargetsResult:
+    """target_modules (list, regex or all-linear) matched on a meta skeleton of the base, by PEFT's rule."""
     if files.adapter_dir is None:
         return AdapterTargetsResult(None, skipped="The checkpoint is a full model.")
     result = AdapterTargetsResult(str(files.adapter_dir))
@@ -155,8 +154,11 @@ def adapter_targets(files: SavedFiles) -> AdapterTargetsResult:
     model, map_key, classifier = skeleton
     try:
         from peft import PeftConfig
-        from peft.tuners.tuners_utils import (_ExcludedModule, _maybe_include_all_linear_layers,
-                                              check_target_module_exists)
+        from peft.tuners.tuners_utils import (
+            _ExcludedModule,
+            _maybe_include_all_linear_layers,
+            check_target_module_exists,
+        )
 
         config = PeftConfig.from_pretrained(str(files.adapter_dir))
     except Exception as exc:  # noqa: BLE001 - a config PEFT cannot read is this check's error
@@ -198,8 +200,3 @@ def adapter_targets(files: SavedFiles) -> AdapterTargetsResult:
     matched = {m for v in result.matched.values() for m in v}
     result.saved_but_not_matched = sorted(named - matched - set(result.missing_in_base))
     return result
-
-
-def adapter_targets_probe(files: SavedFiles) -> AdapterTargetsResult:
-    """target_modules (list, regex or all-linear) matched on a meta skeleton of the base, by PEFT's rule."""
-    return adapter_targets(files)

@@ -18,9 +18,9 @@ import math
 import re
 from typing import Any
 
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.probes.saved.files import SavedFiles, adapter_module
-from workbench.report.text import TextRepr
 
 CHECK = "adapter.weights"
 A_PARTS = ("lora_A", "lora_embedding_A")
@@ -42,7 +42,7 @@ class ModuleUpdate:
 
 
 @dataclasses.dataclass(repr=False)
-class AdapterWeightsResult(TextRepr):
+class AdapterWeightsResult(ProbeResult):
     adapter: str | None
     file: str | None = None
     file_bytes: int = 0
@@ -134,12 +134,11 @@ class AdapterWeightsResult(TextRepr):
         fig.tight_layout()
         return fig
 
-    def display(self):
-        from workbench.report.display import Display, Paragraph, Table
-        from workbench.report.html import figure, findings_block
+    def details(self):
+        from workbench.display.findings_view import figure
+        from workbench.display.nodes import Display, Paragraph, Table
 
         return Display(
-            findings_block(self.findings()),
             figure(self.plot, "update norm per adapted module") if self.modules else None,
             Table.from_records(self.table()) if self.modules else None,
             Paragraph("Other saved tensors: ", ", ".join(self.other_tensors[:20])) if self.other_tensors else None)
@@ -170,7 +169,8 @@ def update_norm(a, b) -> float:
     return float(torch.sqrt(torch.clamp(((b.T @ b) * (a @ a.T)).sum(), min=0)))
 
 
-def adapter_weights(files: SavedFiles) -> AdapterWeightsResult:
+def adapter_weights_probe(files: SavedFiles) -> AdapterWeightsResult:
+    """The adapter file's values: empty, no-op, NaN/inf, and the update norm per module."""
     if files.adapter_dir is None or files.adapter is None:
         return AdapterWeightsResult(None, skipped="No adapter: the checkpoint is a full model.")
     result = AdapterWeightsResult(str(files.adapter_dir))
@@ -236,8 +236,3 @@ def _read_values(files: SavedFiles, headers, result: AdapterWeightsResult) -> No
         path = files.map_key(module + ".weight").removesuffix(".weight")
         result.modules.append(ModuleUpdate(module, files.component(path), rank, scaling, float(a.float().norm()),
                                            float(b.float().norm()), update_norm(a, b) * scaling))
-
-
-def adapter_weights_probe(files: SavedFiles) -> AdapterWeightsResult:
-    """The adapter file's values: empty, no-op, NaN/inf, and the update norm per module."""
-    return adapter_weights(files)

@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from workbench.display.nodes import facts_table
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.saved.files import SavedFiles, adapter_module, facts_display
-from workbench.report.text import TextRepr
+from workbench.probes.saved.files import SavedFiles, adapter_module
 
 TIED = "config.tied_embeddings"
 QUANT = "config.quantization"
@@ -28,7 +29,7 @@ GENERATION = "config.generation"
 
 # --- config.tied_embeddings --------------------------------------------------------------------------------------
 @dataclasses.dataclass(repr=False)
-class TiedEmbeddingsResult(TextRepr):
+class TiedEmbeddingsResult(ProbeResult):
     config_path: str
     tie_word_embeddings: bool | None = None
     input_module: str | None = None
@@ -75,8 +76,8 @@ class TiedEmbeddingsResult(TextRepr):
                         + ("; the adapter keeps the tie (ensure_weight_tying)" if self.ensure_weight_tying and
                            self.adapter_touches else "") + ".", evidence)]
 
-    def display(self):
-        return facts_display(self.findings(), [
+    def details(self):
+        return facts_table([
             ("tie_word_embeddings", self.tie_word_embeddings), ("input embeddings", self.input_tensor),
             ("output embeddings (head)", self.output_tensor), ("same values (sampled)", self.same_bytes),
             ("adapter", "; ".join(self.adapter_touches) or None)])
@@ -97,7 +98,8 @@ def tie_setting(files: SavedFiles) -> bool | None:
     return None
 
 
-def tied_embeddings(files: SavedFiles) -> TiedEmbeddingsResult:
+def tied_embeddings_probe(files: SavedFiles) -> TiedEmbeddingsResult:
+    """tie_word_embeddings against the saved head and embeddings, and against what the adapter trains."""
     result = TiedEmbeddingsResult(str(files.model_dir / "config.json"), tie_setting(files))
     result.input_module = files.embedding_modules.get("input")
     result.output_module = files.embedding_modules.get("output")
@@ -128,18 +130,13 @@ def tied_embeddings(files: SavedFiles) -> TiedEmbeddingsResult:
     return result
 
 
-def tied_embeddings_probe(files: SavedFiles) -> TiedEmbeddingsResult:
-    """tie_word_embeddings against the saved head and embeddings, and against what the adapter trains."""
-    return tied_embeddings(files)
-
-
 # --- config.quantization -----------------------------------------------------------------------------------------
 QUANT_SUFFIXES = (".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".SCB", ".weight_format",
                   ".qweight", ".qzeros", ".scales", ".g_idx", ".weight_scale", ".weight_scale_inv")
 
 
 @dataclasses.dataclass(repr=False)
-class QuantizationResult(TextRepr):
+class QuantizationConfigResult(ProbeResult):
     config_path: str
     declared: dict[str, Any] | None = None  # quantization_config
     dtypes: dict[str, int] = dataclasses.field(default_factory=dict)  # dtype -> tensors (headers)
@@ -188,14 +185,15 @@ class QuantizationResult(TextRepr):
         return [Finding(QUANT, "pass", "No quantization declared, none in the weights",
                         "Weight dtypes: " + ", ".join(f"{d} {n}" for d, n in self.dtypes.items()) + ".", evidence)]
 
-    def display(self):
-        return facts_display(self.findings(), [("quantization_config", self.declared), ("weight dtypes", self.dtypes),
+    def details(self):
+        return facts_table([("quantization_config", self.declared), ("weight dtypes", self.dtypes),
                                             ("quantization tensors", self.quantized_tensors[:5] or None)])
 
 
-def quantization(files: SavedFiles) -> QuantizationResult:
+def quantization_probe(files: SavedFiles) -> QuantizationConfigResult:
+    """quantization_config against the dtypes and the quantization tensors in the weights."""
     declared = (files.config or {}).get("quantization_config") or files.text_config().get("quantization_config")
-    result = QuantizationResult(str(files.model_dir / "config.json"), declared if isinstance(declared, dict) else None,
+    result = QuantizationConfigResult(str(files.model_dir / "config.json"), declared if isinstance(declared, dict) else None,
                                 adapter=str(files.adapter_dir) if files.adapter_dir else None)
     for header in files.base.headers:
         for t in header.tensors:
@@ -206,14 +204,9 @@ def quantization(files: SavedFiles) -> QuantizationResult:
     return result
 
 
-def quantization_probe(files: SavedFiles) -> QuantizationResult:
-    """quantization_config against the dtypes and the quantization tensors in the weights."""
-    return quantization(files)
-
-
 # --- config.generation -------------------------------------------------------------------------------------------
 @dataclasses.dataclass(repr=False)
-class GenerationResult(TextRepr):
+class GenerationConfigResult(ProbeResult):
     path: str | None
     values: dict[str, Any] | None = None
     error: str | None = None  # raised even by the lenient validation: loading or generate() fails
@@ -241,14 +234,15 @@ class GenerationResult(TextRepr):
                         ", ".join(f"{k}={v}" for k, v in (self.values or {}).items()
                                   if not k.startswith(("_", "transformers_version")))[:300], evidence)]
 
-    def display(self):
-        return facts_display(self.findings(), [(k, v) for k, v in (self.values or {}).items()])
+    def details(self):
+        return facts_table([(k, v) for k, v in (self.values or {}).items()])
 
 
-def generation_config(files: SavedFiles) -> GenerationResult:
+def generation_config_probe(files: SavedFiles) -> GenerationConfigResult:
+    """generation_config.json through GenerationConfig's strict validation (what save_pretrained runs)."""
     if files.generation_config_path is None:
-        return GenerationResult(None)
-    result = GenerationResult(str(files.generation_config_path), files.generation_config)
+        return GenerationConfigResult(None)
+    result = GenerationConfigResult(str(files.generation_config_path), files.generation_config)
     if files.generation_config is None:
         result.error = f"{files.generation_config_path.name} is not a JSON object"
         return result
@@ -265,8 +259,3 @@ def generation_config(files: SavedFiles) -> GenerationResult:
     except ValueError as exc:
         result.issues = str(exc)
     return result
-
-
-def generation_config_probe(files: SavedFiles) -> GenerationResult:
-    """generation_config.json through GenerationConfig's strict validation (what save_pretrained runs)."""
-    return generation_config(files)

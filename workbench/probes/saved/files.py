@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workbench.display.result import ProbeResult
 from workbench.model.checkpoint import CheckpointInspection, inspect_checkpoint
 from workbench.model.safetensors_header import SafetensorsHeader, TensorEntry
-from workbench.report.text import TextRepr
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 SAMPLE_BYTES = 4096
@@ -44,7 +44,7 @@ def adapter_module(key: str) -> tuple[str, str] | None:
 
 
 @dataclasses.dataclass(repr=False)
-class SavedFiles(TextRepr):
+class SavedFiles(ProbeResult):
     """What one target's folders hold, parsed; `bytes_read` counts every byte read to answer notebook 00."""
 
     model_dir: Path
@@ -184,8 +184,8 @@ class SavedFiles(TextRepr):
                     rows.append({"folder": label, "file": p.name, "bytes": p.stat().st_size})
         return rows
 
-    def display(self):
-        from workbench.report.display import Code, Display, Paragraph, Table
+    def details(self):
+        from workbench.display.nodes import Code, Display, Paragraph, Table
 
         read = ", ".join(f"{k}: {v:,}" for k, v in self.bytes_read.items()) or "nothing yet"
         return Display(
@@ -195,15 +195,6 @@ class SavedFiles(TextRepr):
                         else (", no tokenizer files",)),
                       f". Bytes read so far: {read}."),
             Table.from_records(self.files_table(), ["folder", "file", "bytes"]))
-
-
-def facts_display(findings, rows: list[tuple[str, Any]]):
-    """A result's findings, then its facts as a two-column table (empty values left out)."""
-    from workbench.report.display import Code, Display, Table
-    from workbench.report.html import findings_block
-
-    facts = [[k, Code(str(v))] for k, v in rows if v not in (None, [], {})]
-    return Display(findings_block(findings), Table(None, facts, row_headers=True, left=True) if facts else None)
 
 
 def tokenizer_folder(*folders: Path | None) -> Path | None:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from workbench.display.nodes import facts_table
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.saved.files import SavedFiles, facts_display
-from workbench.report.text import TextRepr
+from workbench.probes.saved.files import SavedFiles
 
 VOCAB = "tokenizer.vocab"
 SPECIAL = "tokenizer.special_tokens"
@@ -43,7 +44,7 @@ def _tokenizer(files: SavedFiles, result):
 
 # --- tokenizer.vocab ---------------------------------------------------------------------------------------------
 @dataclasses.dataclass(repr=False)
-class VocabResult(TextRepr):
+class VocabResult(ProbeResult):
     tokenizer_dir: str | None
     skipped: str | None = None
     error: str | None = None
@@ -114,8 +115,8 @@ class VocabResult(TextRepr):
         rows = [r for name, r in self.adapter_rows.items() if "embed" in name or "wte" in name]
         return max(rows) if rows else None
 
-    def display(self):
-        return facts_display(self.findings(), [
+    def details(self):
+        return facts_table([
             ("tokenizer folder", self.tokenizer_dir), ("len(tokenizer)", self.tokenizer_len),
             ("largest added/special id", f"{self.max_special_id} {self.max_special_token!r}"),
             ("config vocab_size", self.config_vocab_size), (f"input embeddings {self.input_tensor}", self.input_rows),
@@ -137,7 +138,8 @@ def special_ids(tok) -> tuple[int | None, str | None]:
     return top, ids[top]
 
 
-def tokenizer_vocab(files: SavedFiles) -> VocabResult:
+def tokenizer_vocab_probe(files: SavedFiles) -> VocabResult:
+    """len(tokenizer) and its largest special id against the embedding rows of the base and the adapter."""
     result = VocabResult(str(files.tokenizer_dir) if files.tokenizer_dir else None)
     tok = _tokenizer(files, result)
     if tok is None:
@@ -164,14 +166,9 @@ def tokenizer_vocab(files: SavedFiles) -> VocabResult:
     return result
 
 
-def tokenizer_vocab_probe(files: SavedFiles) -> VocabResult:
-    """len(tokenizer) and its largest special id against the embedding rows of the base and the adapter."""
-    return tokenizer_vocab(files)
-
-
 # --- tokenizer.special_tokens ------------------------------------------------------------------------------------
 @dataclasses.dataclass(repr=False)
-class SpecialTokensResult(TextRepr):
+class SpecialTokensResult(ProbeResult):
     tokenizer_dir: str | None
     skipped: str | None = None
     error: str | None = None
@@ -241,8 +238,8 @@ class SpecialTokensResult(TextRepr):
         return [Finding(SPECIAL, "pass", f"Special tokens consistent: pad {self.pad!r}, EOS {self.eos!r}",
                         f"pad ≠ EOS{turn}; BOS {'added once' if self.bos else 'not used'}.", evidence)]
 
-    def display(self):
-        return facts_display(self.findings(), [
+    def details(self):
+        return facts_table([
             ("tokenizer folder", self.tokenizer_dir), ("pad", f"{self.pad!r} ({self.pad_id})"),
             ("eos", f"{self.eos!r} ({self.eos_id})"), ("bos", f"{self.bos!r} ({self.bos_id})"),
             ("generation eos_token_id", f"{self.generation_eos} ({self.generation_eos_from})"),
@@ -267,7 +264,8 @@ def end_of_turn(tok, rendered: str) -> tuple[str | None, int | None]:
     return None, None
 
 
-def special_tokens(files: SavedFiles) -> SpecialTokensResult:
+def special_tokens_probe(files: SavedFiles) -> SpecialTokensResult:
+    """pad, EOS, BOS and the chat template's end-of-turn token against generation's eos_token_id."""
     result = SpecialTokensResult(str(files.tokenizer_dir) if files.tokenizer_dir else None)
     tok = _tokenizer(files, result)
     if tok is None:
@@ -299,8 +297,3 @@ def special_tokens(files: SavedFiles) -> SpecialTokensResult:
             bos = result.bos_id
             result.doubled_bos = bos is not None and result.leading_ids[:2] == [bos, bos]
     return result
-
-
-def special_tokens_probe(files: SavedFiles) -> SpecialTokensResult:
-    """pad, EOS, BOS and the chat template's end-of-turn token against generation's eos_token_id."""
-    return special_tokens(files)

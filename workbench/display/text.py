@@ -1,6 +1,6 @@
 """Plain-text tables, and the mixin that gives a result both of its views from one `display()`.
 
-Every probe result renders three ways from one source: its `display()` (a `workbench.report.display.Display`)
+Every probe result renders three ways from one source: its `display()` (a `workbench.display.nodes.Display`)
 gives `_repr_html_` for JupyterLab and the exported report, and `repr()` / `str()` as text for terminals, logs
 and `print`, so the text view can never drift from what the notebook shows.
 
@@ -39,17 +39,3 @@ def text_table(columns: list[str], rows: list[dict]) -> str:
 
     return format_table([list(columns)] + [[cell(r.get(c, "")) for c in columns] for r in rows])
 
-
-class TextRepr:
-    """Mixin: a result implements `display()`; `_repr_html_` and `repr()` both come from it.
-
-    Decorate dataclasses with `repr=False`, or the generated `__repr__` replaces the text view."""
-
-    def display(self):
-        raise NotImplementedError(f"{type(self).__name__} does not describe its display")
-
-    def _repr_html_(self) -> str:
-        return self.display().html()
-
-    def __repr__(self) -> str:
-        return self.display().text()

@@ -1,6 +1,6 @@
 """A synthetic visual grounding task: one dark box on a light, noisy background, and "where is it?".
 
-The seeds' recipes were evaluated on bounding boxes (nutrition labels); this is the same task in miniature, small
+The write-up's recipes (docs/demo.md) were evaluated on bounding boxes (nutrition labels); this is the same task in miniature, small
 enough to train the demo's tiny Qwen2-VL on a CPU. Everything is a function of (index, seed):
 
     >>> s = make_sample(0, seed=0)

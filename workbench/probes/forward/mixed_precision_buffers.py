@@ -15,15 +15,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.model.components import ComponentClassifier
+from workbench.display.nodes import Display, Table
+from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.dtype.islands import is_rotary_buffer
+from workbench.model.components import ComponentClassifier
+from workbench.model.dtypes import compute_dtype_of, dtype_name, off_compute_dtype
+from workbench.model.forward import run_forward, target_inputs
 from workbench.probes.dtype.tracer import DtypeTracer
-from workbench.report.text import TextRepr
 
 
 @dataclasses.dataclass(repr=False)
-class BufferResult(TextRepr):
+class BufferResult(ProbeResult):
     compute_dtype: str
     buffers: list[dict[str, Any]]  # floating buffers of frozen modules in another dtype
     promoting: list[dict[str, Any]]  # of those, modules whose traced output left the compute dtype
@@ -53,33 +55,20 @@ class BufferResult(TextRepr):
         return [Finding("forward.mixed_precision_buffers", "pass", "No floating buffer outside the compute dtype",
                         "FSDP mixed precision would leave nothing in another dtype.", evidence)]
 
-    def display(self):
-        from workbench.report.display import Display, Table
-        from workbench.report.html import findings_block
-
-        return Display(findings_block(self.findings()), Table.from_records(self.buffers[:100]))
+    def details(self):
+        return Display(Table.from_records(self.buffers[:100]))
 
 
 def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
-    from workbench.model.inputs import sample_inputs
-    from workbench.probes.dtype.islands import compute_dtype_of
-    from workbench.probes.forward.scenarios import _run, with_labels
-
     model = prepared.model
     compute = compute_dtype_of(model)
     name = str(compute).removeprefix("torch.")
     classifier = ComponentClassifier.from_model(model)
-    buffers = []
-    for mod_name, module in model.named_modules():
-        frozen = not any(p.requires_grad for p in module.parameters())
-        for short, buf in module.named_buffers(recurse=False):
-            if buf.dtype.is_floating_point and buf.dtype != compute:
-                buffers.append({"buffer": f"{mod_name}.{short}", "dtype": str(buf.dtype).removeprefix("torch."),
-                                "component": classifier.component_of(f"{mod_name}.{short}"),
-                                "module_frozen": frozen, "rotary": is_rotary_buffer(module, short)})
+    buffers = [{"buffer": off.name, "dtype": dtype_name(off.tensor.dtype), "component": classifier.component_of(off.name),
+                "module_frozen": off.module_frozen, "rotary": off.rotary}
+               for off in off_compute_dtype(model, compute, kinds=("buffer",))]
     buffers.sort(key=lambda b: (b["rotary"], not b["module_frozen"], b["buffer"]))  # frozen modules first
-    inputs, _ = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
-    inputs = with_labels(model, inputs)
+    inputs, _ = target_inputs(model, target)
     saved: dict[nn.Parameter, torch.dtype] = {}
     was_training = model.training
     try:
@@ -89,7 +78,7 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
                 p.data = p.data.to(compute)
         model.train()
         with DtypeTracer(model) as tracer:
-            _out, exc = _run(model, inputs, "no autocast", compute)
+            _out, exc = run_forward(model, inputs, "no autocast", compute)
     finally:
         for p, dtype in saved.items():
             p.data = p.data.to(dtype)

@@ -14,11 +14,9 @@ def rank_inputs(model, target, rank: int) -> tuple[dict, str]:
     """The workbench's sample inputs, with labels shuffled by rank: each rank has its own batch."""
     import torch
 
-    from workbench.model.inputs import sample_inputs
-    from workbench.probes.forward.scenarios import with_labels
+    from workbench.model.forward import target_inputs
 
-    inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
-    inputs = with_labels(model, inputs)
+    inputs, how = target_inputs(model, target)
     if "labels" in inputs:
         generator = torch.Generator().manual_seed(1000 + rank)
         order = torch.randperm(inputs["labels"].shape[-1], generator=generator).to(inputs["labels"].device)
@@ -34,12 +32,12 @@ def train_step(module, inputs: dict, autocast_dtype=None) -> float:
     """Forward (under autocast when a half dtype is given) and backward; the loss, or the logits' mean."""
     import torch
 
-    from workbench.probes.forward.scenarios import _logits, device_type_of
+    from workbench.model.forward import device_type_of, logits_of
 
     half = autocast_dtype in (torch.bfloat16, torch.float16)
     with torch.autocast(device_type_of(module), dtype=autocast_dtype) if half else contextlib.nullcontext():
         out = module(**inputs)
-    loss = out.loss if getattr(out, "loss", None) is not None else _logits(out).float().mean()
+    loss = out.loss if getattr(out, "loss", None) is not None else logits_of(out).float().mean()
     loss.backward()
     return float(loss.detach().float())
 

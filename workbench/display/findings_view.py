@@ -1,22 +1,18 @@
 """Display blocks shared by result objects and the report index: verdict badges, the findings table, figures.
 
-They are built from `workbench.report.display`, which escapes everything interpolated."""
+They are built from `workbench.display.nodes`, which escapes everything interpolated."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Callable, Iterable
 
+from workbench.display.nodes import Badge, Bold, Code, Details, Figure, Inline, Italic, Line, Link, Pre, Table, esc
 from workbench.findings import Finding, sort_findings
-from workbench.report.display import Badge, Bold, Code, Details, Figure, Inline, Italic, Line, Link, Pre, Table, esc
 
-__all__ = ["esc", "verdict_badge", "findings_block", "findings_table", "figure"]
+__all__ = ["findings_block", "figure"]
 
 MAX_EVIDENCE = 6000  # characters of evidence shown inline; findings.json keeps all of it
-
-
-def verdict_badge(verdict: str) -> str:
-    return Badge(verdict).html()
 
 
 def findings_block(findings: Iterable[Finding], link_notebooks: bool = False) -> Table:
@@ -34,10 +30,6 @@ def findings_block(findings: Iterable[Finding], link_notebooks: bool = False) ->
         rows.append([Badge(f.verdict), Code(f.id), finding] + ([where] if located else []))
     return Table(["verdict", "check", "finding"] + (["notebook"] if located else []), rows, css_class="wb-findings",
                  left=True)
-
-
-def findings_table(findings: Iterable[Finding], link_notebooks: bool = False) -> str:
-    return findings_block(findings, link_notebooks).html()
 
 
 def figure(draw: Callable[[], Any], alt: str) -> Figure:

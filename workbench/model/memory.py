@@ -7,9 +7,13 @@ from pathlib import Path
 
 import torch
 
+from workbench.model.checkpoint import inspect_checkpoint
+from workbench.model.loading import auto_config
+from workbench.model.quantized_prediction import predicted_load_bytes
+
 
 def free_memory() -> None:
-    """Collect garbage and give cached CUDA memory back (what the seeds' evaluation fix did before each model)."""
+    """Collect garbage and give cached CUDA memory back (what an evaluation loop over several models needs before each load)."""
     import gc
 
     gc.collect()
@@ -40,17 +44,11 @@ def available_bytes() -> tuple[int, str]:
 
 def estimated_load_bytes(target) -> int:
     """Bytes the loaded weights will take: quantized per the meta prediction, else as stored in the headers."""
-    from workbench.model.checkpoint import inspect_checkpoint
-
     folders = [target.model_dir] + ([target.adapter_dir] if target.adapter_dir else [])
     stored = sum(inspect_checkpoint(f).weight_bytes for f in folders)
     if target.quant in ("4bit", "8bit"):
-        from workbench.probes.dtype.census import predicted_quantized_census
-        from workbench.model.loading import auto_config
-
-        census = predicted_quantized_census(auto_config(target.model_dir, trust_remote_code=target.trust_remote_code),
-                                            target.quant)
-        return sum(r["bytes"] for r in census.rows) + (stored - inspect_checkpoint(target.model_dir).weight_bytes)
+        config = auto_config(target.model_dir, trust_remote_code=target.trust_remote_code)
+        return predicted_load_bytes(config, target.quant) + (stored - inspect_checkpoint(target.model_dir).weight_bytes)
     return stored
 
 

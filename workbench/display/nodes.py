@@ -1,7 +1,7 @@
 """The display model: a result describes itself once, as blocks, and both of its views come from those blocks.
 
-A result's `display()` returns a `Display`; `_repr_html_` is `display().html()` (JupyterLab, the exported report)
-and `repr()` is `display().text()` (terminals, logs, `print`), the pattern of rich: render once, derive both.
+A result's `view()` returns a `Display`; its HTML (JupyterLab, the exported report) and its text (terminals, logs,
+`print`) both come from that one render (`workbench.display.result`), the pattern of rich.
 
     >>> d = Display(Heading("Census"), Table(["dtype", "n"], [["bf16", 3]]))
     >>> print(d.text())
@@ -24,7 +24,12 @@ import numbers
 import re
 from typing import Any, Callable, Iterable, Sequence, Union
 
-from workbench.report.text import MAX_CELL, format_table
+from workbench.display.text import MAX_CELL, format_table
+
+VERDICT_COLOURS = {
+    "error": "#7b1fa2", "fail": "#c62828", "warn": "#ef6c00",
+    "info": "#1565c0", "skip": "#757575", "pass": "#2e7d32",
+}
 
 
 def esc(value: Any) -> str:
@@ -120,8 +125,6 @@ class Badge(Node):
         self.verdict = verdict
 
     def html(self) -> str:
-        from workbench.findings import VERDICT_COLOURS
-
         colour = VERDICT_COLOURS.get(self.verdict, "#000")
         return (f'<span style="background:{colour};color:#fff;border-radius:3px;padding:1px 6px;'
                 f'font-weight:600;font-size:0.85em">{esc(self.verdict.upper())}</span>')
@@ -280,6 +283,12 @@ class Table(Node):
         if self.columns is None:
             return format_table(rows, header=False)
         return format_table([[shown(c) for c in self.columns]] + rows)
+
+
+def facts_table(rows: Iterable[tuple[str, Any]]) -> Table | None:
+    """Facts as a two-column table, names in the first column, values as code; empty values left out."""
+    facts = [[name, Code(str(value))] for name, value in rows if value not in (None, [], {})]
+    return Table(None, facts, row_headers=True, left=True) if facts else None
 
 
 def blocks_html(blocks: Iterable[Node | None]) -> str:
