@@ -136,7 +136,7 @@ def edit_json():
 # schedules by node id alone, so they are listed here; collection fails when a test needs the recipes unlisted.
 # (xdist's own `--dist loadgroup` renames node ids through `item._nodeid`, which pytest 9.2 no longer reads.)
 DEMO_RECIPES_TESTS = ("tests/test_browser.py::", "tests/test_recipe_training.py::",
-                      "tests/test_runner.py::test_diagnose_without_ckpt_builds_and_diagnoses_the_demo",
+                      "tests/test_demo_report.py::",
                       "tests/test_hardening.py::test_checkpoint_folders_are_byte_identical_after_a_diagnosis")
 
 

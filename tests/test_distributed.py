@@ -1,6 +1,7 @@
 """distributed.ddp / distributed.fsdp under a real torchrun: 2 ranks, gloo on the CPU, the user's set-up on each."""
 
 import json
+import re
 import time
 
 import psutil
@@ -51,10 +52,13 @@ def test_healthy_model_passes_both_checks_and_shows_the_prefix_table(demo):
     assert ddp.evidence["data_loading"]["start_method"] == "fork"
     assert ddp.evidence["data_loading"]["cuda_collate"]["tested"] is False  # CPU: skipped, and said why
     assert READY_TWICE in ddp.detail  # what reentrant checkpointing would do, tried
-    json.dumps([f.to_dict() for f in report.findings()])
+    written = json.loads(json.dumps([f.to_dict() for f in report.findings()]))  # what findings.json gets
+    assert [f["id"] for f in written] == ["distributed.ddp", "distributed.fsdp"]
     html = report.view().html()
     assert "rank 1" in html and "wb-table" in html and "name.startswith(&quot;model.&quot;)" in html
-    assert "<code>model.embed_tokens.weight</code> is <code>module.model.embed_tokens.weight</code>" in html
+    codes = re.findall(r"<code>(.*?)</code>", html)
+    bare = codes.index("model.embed_tokens.weight")
+    assert codes[bare + 1] == "module.model.embed_tokens.weight"  # a name, and the same name under DDP
     assert "Name-based selections" in str(report)
     assert_nothing_left(report)
 

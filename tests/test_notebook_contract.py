@@ -22,7 +22,7 @@ def test_options_and_resolve_target_are_inverses(demo, options):
     assert set(target.options()) == set(TARGET_OPTIONS)
     again = resolve_target(**target.options())
     assert again == target and again.options() == target.options()
-    json.dumps(target.options())  # what the runner hands papermill and torchrun ranks
+    assert json.loads(json.dumps(target.options())) == target.options()  # what papermill and torchrun ranks get
 
 
 def test_options_round_trip_for_an_adapter_with_an_overridden_base(demo):

@@ -3,10 +3,8 @@ and the JupyterLab workspace `make lab` opens."""
 
 import json
 
-import pytest
-
 from workbench.display.nodes import Bold, Code, Details, Display, Heading, Paragraph, Pre, Table
-from workbench.interactive.lab import free_loopback_port, workspace
+from workbench.interactive.lab import workspace
 from workbench.interactive.panel import GROUPS, Panel, PanelSession
 
 
@@ -128,34 +126,3 @@ def test_the_lab_workspace_opens_the_panel_first_then_the_numbered_notebooks(tmp
         (tmp_path / name).write_text("{}")
     dock = workspace(tmp_path)["data"]["layout-restorer:data"]["main"]["dock"]
     assert dock["widgets"] == ["notebook:panel.ipynb", "notebook:01_a.ipynb", "notebook:02_b.ipynb"]
-
-
-def test_the_free_loopback_port_can_be_bound():
-    import socket
-
-    port = free_loopback_port()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # raises if somebody holds it
-
-
-@pytest.mark.slow
-def test_make_lab_prints_a_working_url_and_stops_on_ctrl_c(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import urllib.request
-
-    process = subprocess.Popen([sys.executable, "-m", "workbench", "lab"], stdout=subprocess.PIPE, text=True,
-                               stdin=subprocess.DEVNULL,
-                               env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path)})
-    try:
-        url = next(line.strip() for line in process.stdout if "/lab/workspaces/workbench?token=" in line)
-        base, token = url.split("/lab/")[0], url.rsplit("token=", 1)[1]
-        assert base.startswith("http://127.0.0.1:")
-        with urllib.request.urlopen(f"{base}/api/contents?token={token}") as r:  # the notebooks folder is served
-            names = {item["name"] for item in json.loads(r.read())["content"]}
-        assert {"panel.ipynb", "05_evaluation.ipynb"} <= names
-    finally:
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=60) == 0
