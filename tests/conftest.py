@@ -135,9 +135,9 @@ def edit_json():
 # half to train) and the shared demo diagnosis run on one worker: session fixtures are per worker. The controller
 # schedules by node id alone, so they are listed here; collection fails when a test needs the recipes unlisted.
 # (xdist's own `--dist loadgroup` renames node ids through `item._nodeid`, which pytest 9.2 no longer reads.)
-DEMO_RECIPES_TESTS = ("tests/test_browser.py::", "tests/test_recipe_training.py::",
-                      "tests/test_demo_report.py::",
-                      "tests/test_hardening.py::test_checkpoint_folders_are_byte_identical_after_a_diagnosis")
+DEMO_RECIPES_TESTS = ("tests/report/test_browser.py::", "tests/probes/evaluation/test_recipe_training.py::",
+                      "tests/report/test_demo_report.py::",
+                      "tests/report/test_hardening.py::test_checkpoint_folders_are_byte_identical_after_a_diagnosis")
 
 
 @pytest.hookimpl(optionalhook=True)

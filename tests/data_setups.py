@@ -1,5 +1,5 @@
 """Set-ups that return a Trainer built on --data, each with a defect planted the way users plant it (notebook 07's
-tests: `--setup data_setups:FUNCTION`; pytest puts tests/ on sys.path)."""
+tests: `--setup data_setups:FUNCTION`; pytest puts tests/, the folder of conftest.py, on sys.path)."""
 
 from __future__ import annotations
 

@@ -7,5 +7,4 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent  # the checkout (or the folder holding the installed package)
 NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
-PARAMETERS_DIR = PROJECT_ROOT / "parameters"
 REPORT_TEMPLATE_DIR = PACKAGE_DIR / "report" / "template"

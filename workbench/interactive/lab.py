@@ -22,18 +22,12 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+from workbench.distributed.launcher import free_port
 from workbench.errors import UsageError
 from workbench.paths import NOTEBOOK_DIR
 
 WORKSPACE = "workbench"
 PANEL_NOTEBOOK = "panel.ipynb"
-
-
-def free_loopback_port() -> int:
-    """A TCP port nobody listens on now (the OS picks it), so two servers at once do not collide."""
-    from workbench.distributed.launcher import free_port
-
-    return free_port("127.0.0.1")
 
 
 def workspace(notebook_dir: Path) -> dict:
@@ -92,7 +86,7 @@ def lab_server(notebook_dir: Path = NOTEBOOK_DIR, *, port: int | None = None, st
     """Start JupyterLab on 127.0.0.1 with a fresh token, the workspace imported; stop it (and its kernels) on exit."""
     import tempfile
 
-    port = port or free_loopback_port()
+    port = port or free_port("127.0.0.1")  # the OS picks it: two servers at once do not collide
     token = secrets.token_hex(16)
     state = Path(state_dir or tempfile.mkdtemp(prefix="workbench-lab-"))
     workspaces = state / "workspaces"

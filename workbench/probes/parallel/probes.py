@@ -22,7 +22,13 @@ from workbench.probes.parallel.device_map import (
 )
 from workbench.probes.parallel.release_rules import release_line_for, verdicts_across_releases
 from workbench.probes.parallel.replica import ForwardOutcome, replica_forward_check
-from workbench.probes.parallel.trainer_wrap import WrapObservation, observe_trainer, single_gpu_baseline
+from workbench.probes.parallel.trainer_wrap import (
+    DEFAULT_DATASET_SIZE,
+    DEFAULT_PER_DEVICE_BATCH,
+    WrapObservation,
+    observe_trainer,
+    single_gpu_baseline,
+)
 
 PREDICTED_SPECS = ("auto", "balanced")
 
@@ -33,8 +39,8 @@ def _quantized(model) -> tuple[bool, bool]:
 
 
 def _training_options(target) -> dict[str, int]:
-    return {"dataset_size": int(target.params.get("dataset_size", 272)),
-            "per_device_batch": int(target.params.get("per_device_train_batch_size", 2)),
+    return {"dataset_size": int(target.params.get("dataset_size", DEFAULT_DATASET_SIZE)),
+            "per_device_batch": int(target.params.get("per_device_train_batch_size", DEFAULT_PER_DEVICE_BATCH)),
             "accumulation": int(target.params.get("gradient_accumulation_steps", 1))}
 
 

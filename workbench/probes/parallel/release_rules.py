@@ -3,7 +3,7 @@
 The installed release is never judged from this table: `trainer_wrap` observes the real Trainer. The table is for
 a user whose failing run used another release. Each line was read from the released wheel's `trainer.py`
 (`Trainer.__init__` model-parallel detection and `Trainer._wrap_model`); tests pin it against the installed
-Trainer and against the facts read from those wheels (`tests/test_release_rules.py`).
+Trainer and against the facts read from those wheels (`tests/probes/parallel/test_release_rules.py`).
 """
 
 from __future__ import annotations

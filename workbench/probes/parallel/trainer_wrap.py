@@ -20,8 +20,8 @@ from torch import nn
 
 from workbench.model.components import unwrap_model
 
-SEED_DATASET_SIZE = 272  # with 2 per device: 136 steps on one GPU, 68 when DataParallel doubles the batch
-SEED_PER_DEVICE_BATCH = 2
+DEFAULT_DATASET_SIZE = 272  # the demo write-up's run: with 2 per device: 136 steps on one GPU, 68 when DataParallel doubles the batch
+DEFAULT_PER_DEVICE_BATCH = 2
 
 
 @dataclasses.dataclass
@@ -88,7 +88,7 @@ def steps_per_epoch(dataset_size: int, train_batch_size: int, accumulation: int)
 
 
 def observe_trainer(model: nn.Module, gpus: int, *, scenario: str = "as loaded", device_map: dict | None = None,
-                    dataset_size: int = SEED_DATASET_SIZE, per_device_batch: int = SEED_PER_DEVICE_BATCH,
+                    dataset_size: int = DEFAULT_DATASET_SIZE, per_device_batch: int = DEFAULT_PER_DEVICE_BATCH,
                     accumulation: int = 1) -> WrapObservation:
     from transformers import Trainer, TrainingArguments
 

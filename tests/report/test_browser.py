@@ -8,9 +8,9 @@ Skipped, saying so, where Chromium or Playwright is missing (.ci/run installs De
 
 import re
 import shutil
-from pathlib import Path
 
 import pytest
+from repo import ROOT
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 try:
@@ -23,7 +23,7 @@ pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: browser tests skipped"),
     pytest.mark.skipif(sync_playwright is None, reason="Playwright is not installed: browser tests skipped"),
 ]
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "reports" / "screenshots"
+SCREENSHOTS = ROOT / "reports" / "screenshots"
 
 
 @pytest.fixture(scope="module")

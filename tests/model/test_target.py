@@ -1,4 +1,5 @@
 import pytest
+from repo import ROOT
 
 from workbench.errors import UsageError
 from workbench.model.target import parse_max_memory, resolve_target
@@ -77,9 +78,8 @@ def test_parameter_files_are_validated(tmp_path):
 
 
 def test_the_shipped_parameters_file_is_valid():
-    from pathlib import Path
 
-    params = load_params(Path(__file__).resolve().parents[1] / "parameters" / "defaults.yaml")
+    params = load_params(ROOT / "parameters" / "defaults.yaml")
     from workbench.probes.dtype.probes import DEFAULT_REAL_QUANT_MAX_BYTES
 
     # the shipped file documents the code's default (the prediction is the answer; a real load verifies it when cheap)
