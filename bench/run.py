@@ -65,7 +65,7 @@ HEADER_CENSUS = """
 from workbench.model.loading import auto_config, model_class_for
 model_class_for(auto_config(FOLDER))  # transformers' lazy import of the model module, outside the clock
 from workbench.model.target import resolve_target
-from workbench.probes.dtype.probes import checkpoint_probe
+from workbench.probes.dtype.headers import checkpoint_probe
 start = time.perf_counter()
 report = checkpoint_probe(resolve_target(FOLDER))
 result = {'bytes_read': sum(c.bytes_read for c in report.censuses), 'tensors': sum(len(h.tensors) for i in report.inspections for h in i.headers)}
