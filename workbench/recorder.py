@@ -80,7 +80,7 @@ class FindingsRecorder(Displayable):
             raise ValueError(f"finding ids {undeclared} are not declared in workbench.catalog (nor by the caller's "
                              "checks=): add a Check, or name the id in the step's reports")
         for f in findings:
-            f.notebook = self.notebook
+            f = dataclasses.replace(f, notebook=self.notebook)  # a copy: the result's own findings stay as they are
             self.findings = [g for g in self.findings if g.id != f.id or g.verdict == "error"] + [f]
         self.save()
 

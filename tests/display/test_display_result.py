@@ -40,6 +40,17 @@ def test_one_render_gives_both_views_with_the_findings_table_first():
     assert bundle["text/html"].index("wb-findings") < bundle["text/html"].index("the result&#x27;s own block")
 
 
+def test_recording_a_result_leaves_its_own_findings_as_they_were(tmp_path):
+    from workbench.recorder import FindingsRecorder
+
+    result = CountingResult("pass")
+    recorder = FindingsRecorder(tmp_path / "f.json", notebook="04_forward_checks")
+    recorder.run(lambda: result, checks=("grad.flow",))
+    assert [f.notebook for f in recorder.findings] == ["04_forward_checks"]
+    assert [f.notebook for f in result.findings()] == [None]  # its own table has no notebook column
+    assert "04_forward_checks" not in str(result)
+
+
 def test_repr_is_short_and_names_the_verdicts():
     assert repr(CountingResult("pass")) == "<CountingResult grad.flow: pass>"
     assert repr(ProbeResult()) == "<ProbeResult>"
