@@ -9,6 +9,7 @@ import torch
 from workbench.model.bnb_cpu_layout import (
     HELD_MARK,
     REPACK_FLAG,
+    held_layout_note,
     keep_training_layout,
     packed_for_cpu_inference,
     unpack_cpu_inference,
@@ -110,9 +111,28 @@ def test_a_setup_that_hands_over_packed_weights_is_named_by_grad_flow(family):
     assert finding.verdict == "fail"
     assert prepared.packed_at_setup[0] in finding.title and bitsandbytes.__version__ in finding.detail
     assert finding.evidence["packed_for_cpu_inference"] == prepared.packed_at_setup[:40]
-    assert REPACK_FLAG in finding.fix and "_convert_weight_packed_for_cpu_inverse" in finding.fix
+    assert REPACK_FLAG in finding.fix and "model.state_dict()" in finding.fix
     # the step itself ran on the training layout: every LoRA gets its gradient once the layout is fixed
     assert "receive a gradient" in finding.detail and result.findings_after_unpacking().verdict == "pass"
+
+
+def test_the_fix_as_written_puts_packed_weights_back(family):
+    """The fix's two steps on a model the set-up handed over packed: the flag off, then `model.state_dict()`."""
+    model = evaluated_then_trained(str(family("llama")), quant="4bit")
+    assert packed_for_cpu_inference(model)
+    for module in model.modules():
+        if hasattr(module, REPACK_FLAG):
+            setattr(module, REPACK_FLAG, False)
+    model.state_dict()
+    assert packed_for_cpu_inference(model) == []
+
+
+def test_no_note_for_layers_off_the_cpu():
+    model = _layer(forced=True)
+    keep_training_layout(model)
+    assert "kept the 1 Linear4bit layers" in held_layout_note(model)
+    model[0].weight = torch.nn.Parameter(torch.empty(0, device="meta"), requires_grad=False)  # as on another device
+    assert held_layout_note(model) is None
 
 
 def test_a_healthy_qlora_setup_hands_over_nothing_packed(family):

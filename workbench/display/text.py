@@ -1,8 +1,4 @@
-"""Plain-text tables, and the mixin that gives a result both of its views from one `display()`.
-
-Every probe result renders three ways from one source: its `display()` (a `workbench.display.nodes.Display`)
-gives `_repr_html_` for JupyterLab and the exported report, and `repr()` / `str()` as text for terminals, logs
-and `print`, so the text view can never drift from what the notebook shows.
+"""Plain-text tables: what a `Table` node prints as in a result's text view (`print(result)`, terminals, logs).
 
     >>> print(format_table([["dtype", "n"], ["bf16", "3"]]))
     dtype  n

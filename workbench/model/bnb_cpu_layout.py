@@ -64,8 +64,11 @@ def keep_training_layout(model: "nn.Module") -> int:
 
 
 def held_layout_note(model: "nn.Module") -> str | None:
-    """What the evidence of a finding that ran 4-bit forwards says when `keep_training_layout` held layers back."""
-    held = sum(1 for module in model.modules() if getattr(module, HELD_MARK, False))
+    """What the evidence of a finding that ran 4-bit forwards says when `keep_training_layout` held layers back that
+    would have repacked: only layers on the CPU (bitsandbytes repacks for CPU inputs alone)."""
+    held = sum(1 for module in model.modules() if getattr(module, HELD_MARK, False)
+               and getattr(getattr(module, "weight", None), "device", None) is not None
+               and module.weight.device.type == "cpu")
     if not held:
         return None
     return (f"bitsandbytes {bitsandbytes_version()} repacks a 4-bit weight for its AVX-512 bf16 CPU inference kernel "
@@ -83,9 +86,7 @@ def bitsandbytes_version() -> str:
 def packed_training_fix(names: list[str]) -> str:
     """The fix for a model handed to training with weights in the inference layout, from the model's own names."""
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return (f"Before a training step on this CPU, keep bitsandbytes' 4-bit layers in the training layout: "
-            f"`for m in model.modules():\n    if hasattr(m, '{REPACK_FLAG}'): m.{REPACK_FLAG} = False` "
-            f"right after loading, before any evaluation (a Trainer's evaluate() runs eval forwards under no_grad). "
-            f"Already packed ({shown}): save and reload the model, or call "
-            f"`bitsandbytes.functional._convert_weight_packed_for_cpu_inverse` on each weight as "
-            f"`Linear4bit._save_to_state_dict` does.")
+    return (f"Right after loading, before any evaluation (a Trainer's evaluate() runs eval forwards under no_grad), "
+            f"set `{REPACK_FLAG} = False` on every module of the model that has it (bitsandbytes' Linear4bit layers). "
+            f"Weights already packed ({shown}): do that, then call `model.state_dict()` once — bitsandbytes' "
+            f"`Linear4bit._save_to_state_dict` puts a packed weight back in the training layout.")
