@@ -10,8 +10,9 @@ import datetime as dt
 import os
 import platform
 import subprocess
-from importlib import metadata
 from pathlib import Path
+
+from workbench.report.environment import library_versions
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 HEADER = ("# Benchmarks\n\nWritten by `make bench` (`bench/run.py`); each section is replaced when its mode runs "
@@ -26,16 +27,11 @@ def machine() -> str:
     isa = "AVX-512 bf16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2" \
         if "avx2" in flags else "no AVX2"
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    versions = ", ".join(f"{name} {_version(name)}" for name in ("torch", "transformers", "peft", "bitsandbytes"))
+    installed = library_versions()  # what every report's findings.json records
+    versions = ", ".join(f"{name} {installed.get(name) or '-'}" for name in ("torch", "transformers", "peft",
+                                                                          "bitsandbytes"))
     return (f"{cpu} ({isa}), {os.cpu_count()} cores, {memory:.0f} GiB; Python {platform.python_version()}, "
             f"{versions}")
-
-
-def _version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "-"
 
 
 def commit() -> str:

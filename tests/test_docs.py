@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -27,3 +29,12 @@ def test_no_page_leans_on_words_a_newcomer_cannot_look_up():
     for page in PAGES:
         text = page.read_text()
         assert not re.search(r"\bthe seeds\b|\bseeds'|design\.md|before issue \d+", text), page.name
+
+
+@pytest.mark.slow
+def test_the_readmes_python_snippet_runs_as_written(demo, capsys):
+    snippet = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    namespace: dict = {}
+    exec(snippet.replace("/path/to/adapter", str(demo.qwen_stage2)), namespace)  # noqa: S102 - our own README
+    assert repr(namespace["grads"]) == "<GradFlowResult grad.flow: pass>"
+    assert "grad.flow" in capsys.readouterr().out

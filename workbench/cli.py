@@ -154,9 +154,9 @@ def cmd_diagnose(args) -> int:
                                 extra_parameters={"distributed": args.distributed})
     failing = [f for f in findings if f.verdict in FAILING_VERDICTS]
     if failing:
-        from workbench.display.findings_view import findings_block
+        from workbench.display.findings_view import findings_lines
 
-        print(findings_block(failing).text())
+        print(findings_lines(failing).text())
     print(f"report: {folder}")
     return exit_code(findings)
 

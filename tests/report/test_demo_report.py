@@ -34,6 +34,8 @@ def test_the_run_exits_1_on_the_planted_crash_and_prints_where_the_report_is(dem
     result, folder = demo_report.result, demo_report.folder
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.strip().splitlines()[-1] == f"report: {folder}"
+    summary = [line for line in result.stdout.splitlines() if line.startswith(("FAIL ", "ERROR "))]
+    assert [line.split(":")[0] for line in summary] == ["FAIL forward.dtype_flow", "FAIL forward.scenarios"]
     assert folder.parent.name == dt.date.today().isoformat()
     assert not list(demo_report.reports.glob("*/.*partial"))
 

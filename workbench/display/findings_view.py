@@ -7,10 +7,25 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Iterable
 
-from workbench.display.nodes import Badge, Bold, Code, Details, Figure, Inline, Italic, Line, Link, Pre, Table, esc
+from workbench.display.nodes import (
+    Badge,
+    Bold,
+    Code,
+    Details,
+    Display,
+    Figure,
+    Inline,
+    Italic,
+    Line,
+    Link,
+    Paragraph,
+    Pre,
+    Table,
+    esc,
+)
 from workbench.findings import Finding, sort_findings
 
-__all__ = ["findings_block", "figure"]
+__all__ = ["findings_block", "findings_lines", "figure"]
 
 MAX_EVIDENCE = 6000  # characters of evidence shown inline; findings.json keeps all of it
 
@@ -30,6 +45,11 @@ def findings_block(findings: Iterable[Finding], link_notebooks: bool = False) ->
         rows.append([Badge(f.verdict), Code(f.id), finding] + ([where] if located else []))
     return Table(["verdict", "check", "finding"] + (["notebook"] if located else []), rows, css_class="wb-findings",
                  left=True)
+
+
+def findings_lines(findings: Iterable[Finding]) -> Display:
+    """One line per finding, worst first: verdict, check, title (the console's summary; the report has the rest)."""
+    return Display(*(Paragraph(Badge(f.verdict), " ", Code(f.id), ": ", f.title) for f in sort_findings(findings)))
 
 
 def figure(draw: Callable[[], Any], alt: str) -> Figure:
