@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -137,6 +138,7 @@ def test_a_template_that_doubles_bos_fails_template(demo, copy_of, tmp_path):
     messages = write_chat_data(tmp_path / "messages.jsonl", rows=12)
     found, _ = diagnose_data(ckpt, messages)
     assert found["data.template"].verdict == "warn" and "render-then-encode" in found["data.template"].detail
+    assert found["data.template"].evidence["batched_rows_with_bos_twice"]["count"] == 0
 
 
 def test_special_tokens_in_the_raw_text_warn(demo, tmp_path):
@@ -226,3 +228,138 @@ def test_pre_tokenized_rows_with_their_own_labels(demo, tmp_path):
     labels = found["data.labels"]
     assert labels.verdict == "fail" and labels.evidence["dropped_unsupervised"]["count"] == 6, labels.detail
     assert "6 of 6 rows (100.0 %) nothing to supervise: trl drops the row" in labels.detail
+
+
+# --- the official Llama-3 / Gemma 3 layout: template BOS + tokenizer BOS ------------------------------------------
+@pytest.mark.parametrize("layout", ["llama3", "gemma3"])
+def test_the_llama3_and_gemma3_bos_layout_batches_bos_once(layout, tmp_path):
+    from data_setups import bos_in_template_checkpoint
+    from transformers import AutoTokenizer
+
+    ckpt = bos_in_template_checkpoint(tmp_path / layout, layout)
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    found, view = diagnose_data(ckpt, write_chat_data(tmp_path / "messages.jsonl", rows=12))
+    template = found["data.template"]
+    # trl tokenizes messages with apply_chat_template(tokenize=True): one BOS per batched row, no fail; rendering then
+    # encoding would double it, which stays a warn about such code
+    assert template.verdict == "warn" and template.evidence["batched_rows_with_bos_twice"] == {"count": 0, "rows": []}
+    assert "none of the 12 batched rows starts with BOS twice" in template.detail, template.detail
+    assert found["data.labels"].verdict == "info" and found["data.eos"].verdict == "pass", found
+    assert found["data.truncation"].verdict == "pass"
+    assert html.escape(tokenizer.bos_token) in view  # the token view shows the batched rows' BOS
+
+
+# --- the rows' own text, before trl's preparation ----------------------------------------------------------------
+def plain_prompt_completion(path, rows=20, edit=None):
+    """Plain-text prompt/completion rows (trl appends the EOS text to each completion when it prepares them)."""
+    records = [{"prompt": r["messages"][-2]["content"], "completion": " " + r["messages"][-1]["content"]}
+               for r in chat_rows(rows)]
+    for index, record in enumerate(records):
+        if edit:
+            edit(index, record)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_plain_prompt_completion_rows_are_healthy_and_a_planted_special_token_warns(demo, tmp_path):
+    found, _ = diagnose_data(demo.llama, plain_prompt_completion(tmp_path / "pc.jsonl"))
+    assert {k: f.verdict for k, f in found.items()} == dict.fromkeys(
+        ("data.labels", "data.eos", "data.truncation", "data.template"), "pass"), {
+        k: f.detail for k, f in found.items()}
+    assert found["data.template"].evidence["special_tokens_in_text"] == {"count": 0, "rows": []}
+
+    def plant(index, record):
+        if index == 7:
+            record["completion"] += "<|im_end|> and more"
+    found, _ = diagnose_data(demo.llama, plain_prompt_completion(tmp_path / "special.jsonl", edit=plant))
+    template = found["data.template"]
+    assert template.verdict == "warn" and template.title == "Special tokens in the raw text"
+    assert template.evidence["special_tokens_in_text"] == {"count": 1, "rows": [7]}
+    assert "rows 7" in template.detail and "rows 7 of special.jsonl" in template.fix
+
+
+# --- blank answers ---------------------------------------------------------------------------------------------
+def blank(record, key):
+    if key == "completion":
+        record["completion"] = ""
+    else:
+        record["messages"][-1]["content"] = " \n"
+
+
+def test_blank_completions_fail_labels_and_their_healthy_twin_passes(demo, tmp_path):
+    data = plain_prompt_completion(tmp_path / "blank.jsonl", edit=lambda i, r: blank(r, "completion"))
+    found, view = diagnose_data(demo.llama, data)
+    labels = found["data.labels"]
+    # each row supervises only the EOS trl appends: the model learns to answer with EOS alone
+    assert labels.verdict == "fail" and "20 of 20 row(s) have a blank answer" in labels.title, labels.detail
+    assert labels.evidence["blank_answer"] == {"count": 20, "rows": list(range(20))}
+    assert labels.evidence["blank_answer_example"]["supervised_answer_ids"] == [2]  # <|im_end|>, the EOS alone
+    assert "all it supervises is the EOS appended to it" in labels.detail and "unsloth #2515" in labels.detail
+    assert "blank.jsonl" in labels.fix and "row['completion'].strip()" in labels.fix
+    assert found["data.eos"].verdict == "pass"  # EOS is supervised: only the answer is missing
+    assert "a blank answer" in view
+    healthy, _ = diagnose_data(demo.llama, plain_prompt_completion(tmp_path / "healthy.jsonl"))
+    assert healthy["data.labels"].verdict == "pass" and healthy["data.labels"].evidence["blank_answer"]["count"] == 0
+
+
+def test_blank_assistant_messages_fail_labels_and_one_in_two_hundred_warns(demo, chat_data, tmp_path):
+    rows = list(chat_rows(40))
+    for r in rows:
+        blank(r, "messages")
+    data = tmp_path / "blank-messages.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found, _ = diagnose_data(demo.llama, data)
+    labels = found["data.labels"]
+    assert labels.verdict == "fail" and labels.evidence["blank_answer"]["count"] == 40, labels.detail
+    # whole-sequence loss: the answer region is the blank content, the end of turn and its newline
+    assert labels.evidence["blank_answer_example"]["tokens"] == ["Ġ", "Ċ", "<|im_end|>", "Ċ"]
+    assert "all it supervises is the template's end of turn (<|im_end|>)" in labels.detail
+    assert "any(m['content'].strip() for m in row['messages'] if m['role'] == 'assistant')" in labels.fix
+    # the same rows as prompt/completion conversations, completion-only loss
+    pc = tmp_path / "blank-pc.jsonl"
+    pc.write_text("".join(json.dumps({"prompt": r["messages"][:-1], "completion": r["messages"][-1:]}) + "\n"
+                          for r in rows))
+    found, _ = diagnose_data(demo.llama, pc)
+    assert found["data.labels"].verdict == "fail" and found["data.labels"].evidence["blank_answer"]["count"] == 40
+    assert "row['completion']" in found["data.labels"].fix
+    # one blank answer in 200 rows: below FAIL_SHARE, a warn naming it; the healthy demo data stays info
+    rows = list(chat_rows(200))
+    blank(rows[123], "messages")
+    one = tmp_path / "one-blank.jsonl"
+    one.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found, _ = diagnose_data(demo.llama, one)
+    labels = found["data.labels"]
+    assert labels.verdict == "warn" and labels.evidence["blank_answer"] == {"count": 1, "rows": [123]}
+    assert "1 row(s) with a blank answer" in labels.title and "rows 123" in labels.fix
+    healthy, _ = diagnose_data(demo.llama, chat_data)
+    assert healthy["data.labels"].verdict == "info" and healthy["data.labels"].evidence["blank_answer"]["count"] == 0
+
+
+def test_blank_completions_in_a_real_sft_trainer_fail_labels(demo, tmp_path):
+    data = tmp_path / "blank-pc.jsonl"
+    data.write_text("".join(json.dumps({"prompt": r["messages"][:-1], "completion": [
+        {"role": "assistant", "content": ""}]}) + "\n" for r in chat_rows(8)))
+    found, _ = diagnose_data(demo.llama, data, setup="data_setups:sft_trainer")
+    labels = found["data.labels"]
+    assert labels.evidence["built_by"] == "trainer" and labels.verdict == "fail", labels.detail
+    assert labels.evidence["blank_answer"]["count"] == 8
+
+
+# --- answers lost to max_length: data.labels and data.truncation agree --------------------------------------------
+@pytest.mark.parametrize("shape", ["messages", "prompt-completion"])
+def test_answers_lost_to_max_length_are_deferred_to_truncation(demo, tmp_path, shape):
+    rows = list(chat_rows(20))
+    data = tmp_path / f"{shape}.jsonl"
+    data.write_text("".join(json.dumps(r if shape == "messages" else {
+        "prompt": r["messages"][:-1], "completion": r["messages"][-1:]}) + "\n" for r in rows))
+    found, _ = diagnose_data(demo.llama, data, params={"max_length": 24})
+    labels, truncation = found["data.labels"], found["data.truncation"]
+    lost = truncation.evidence["answer_lost"]
+    assert truncation.verdict == "fail" and lost["count"] > 0
+    # the same rows, counted by both; data.labels does not claim that every row supervises its answer
+    assert labels.evidence["answer_lost"] == lost, (labels.evidence["answer_lost"], lost)
+    assert labels.verdict == "info" and "lost their answer to max_length" in labels.title, labels.title
+    assert "data.truncation reports them" in labels.detail and str(lost["rows"][0]) in labels.detail
+    assert "Every row supervises its answer" not in labels.title
+    if shape == "prompt-completion":  # completion-only: trl drops the rows left with nothing supervised
+        assert "trl drops" in labels.detail and labels.evidence["nothing_supervised"]["count"] == 0

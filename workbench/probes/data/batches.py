@@ -16,6 +16,7 @@ Two sources of truth, never a re-implementation of the masking:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tempfile
 from typing import Any, Iterator
@@ -34,7 +35,7 @@ class Row:
     full_length: int  # before truncation
     window: tuple[int, int]  # the slice of the full row that was kept
     answer_start: int | None  # in full-row coordinates; None: no answer located (text rows)
-    raw: dict[str, Any] | None = None  # the source row's text fields, where available
+    raw: dict[str, Any] | None = None  # the source row's own text fields (before trl appends EOS), where available
     full_supervised: int | None = None  # supervised tokens before truncation (trl path, dropped rows)
     prompt_end: int | None = None  # where the first answer starts (multi-turn: earlier answers are not prompt)
 
@@ -215,8 +216,10 @@ class DataBatches(ProbeResult):
                 keep = [j for j, m in enumerate(mask[i]) if m] if mask is not None else range(len(ids[i]))
                 row_ids = [ids[i][j] for j in keep]
                 row_labels = [labels[i][j] for j in keep]
+                first = find_first(row_ids, self.marker)
                 yield Row(index, row_ids, row_labels, len(row_ids), (0, len(row_ids)),
                           answer_start(row_ids, self.marker),
+                          prompt_end=None if first is None else first + len(self.marker),
                           at_limit=self.max_length is not None and len(row_ids) >= self.max_length)
                 index += 1
                 if self.samples and index >= self.samples:
@@ -235,8 +238,8 @@ class DataBatches(ProbeResult):
             lo, hi = self.window(len(ids))
             kept_labels = labels[lo:hi]
             row = Row(example["_workbench_row"], ids[lo:hi], kept_labels, len(ids), (lo, hi),
-                      self._answer_start(example, ids), _raw_fields(example))
-            if self.meant_answer_only and "messages" in example:
+                      self._answer_start(example, ids), json.loads(example["_workbench_raw"]))
+            if "messages" in example:
                 first = find_first(ids, self.marker)
                 row.prompt_end = None if first is None else first + len(self.marker)
             if self.max_length is not None and all(label == IGNORE for label in kept_labels):
@@ -273,7 +276,10 @@ class DataBatches(ProbeResult):
         from trl.chat_template_utils import get_training_chat_template, has_generation_markers
         from trl.trainer.sft_trainer import SFTTrainer
 
-        dataset = self.source.iterable(self.samples).map(lambda _, i: {"_workbench_row": i}, with_indices=True)
+        # the row's own text is kept aside: trl's preparation rewrites it (add_eos appends the EOS text)
+        dataset = self.source.iterable(self.samples).map(
+            lambda row, i: {"_workbench_row": i, "_workbench_raw": json.dumps(raw_fields(row), default=str)},
+            with_indices=True)
         with tempfile.TemporaryDirectory(prefix="workbench-data-") as out:
             args = SFTConfig(output_dir=out, report_to=[], use_cpu=True, bf16=False, max_length=None,
                              completion_only_loss=self.completion_only_loss,
@@ -308,8 +314,22 @@ class _TrlState:
     """Stands in for the SFTTrainer instance whose `_prepare_dataset` is called (no model is needed for it)."""
 
 
-def _raw_fields(example: dict[str, Any]) -> dict[str, Any]:
-    return {k: example[k] for k in ("messages", "prompt", "completion", "text") if k in example}
+def raw_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """A source row's text fields as written, message contents reduced to their text."""
+    return {k: _text_of(row[k]) for k in ("messages", "prompt", "completion", "text") if k in row}
+
+
+def _text_of(value):
+    if not isinstance(value, list):
+        return value
+    return [{**m, "content": message_text(m.get("content"))} if isinstance(m, dict) else m for m in value]
+
+
+def message_text(content) -> Any:
+    """A message's content as text: a string as is, content parts joined by their text."""
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content
 
 
 def data_path_probe(target, samples: int | None = None, max_length: int | None = None) -> DataBatches:

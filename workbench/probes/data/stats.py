@@ -5,7 +5,12 @@ histogram (a Counter of lengths), and a handful of rows kept whole for the token
 
 Normal, not defects: with completion-only or assistant-only loss the prompt's labels are -100 by design; padding
 is -100 by design (it is removed before counting); a row cut by max_length has no EOS to supervise (it is counted
-under truncation, not under EOS).
+under truncation, not under EOS). A row whose answer max_length cut away entirely is data.truncation's: data.labels
+counts it and says so, but does not judge labels that have no answer to supervise.
+
+A blank answer (an empty or whitespace completion / assistant message) is a defect the masking cannot show: trl
+appends EOS, the template closes the turn, and the row supervises the end of turn alone, so the model learns to
+answer with EOS (unsloth #2515, OpenRLHF #985).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.probes.data.batches import IGNORE, DataBatches, Row, batch_progress, special_ids
+from workbench.probes.data.label_fixes import blank_fix, labels_fix, masking_cause
 
 NAMED = 20  # rows named per category
 FAIL_SHARE = 0.01  # answers cut, or rows trl drops as unsupervised, in at least this share of rows: a fail
@@ -28,6 +34,7 @@ CATEGORIES = {
     "nothing_supervised": "every label -100 in the batch (loss 0, or NaN for a batch of such rows)",
     "dropped_unsupervised": "nothing to supervise: trl drops the row before batching",
     "answer_unsupervised": "no token of the answer supervised",
+    "blank_answer": "a blank answer: only end-of-turn / EOS and whitespace supervised",
     "prompt_supervised": "prompt tokens supervised although the run means answer-only loss",
     "eos_unsupervised": "the end-of-turn / EOS token is not a supervised label",
     "truncated": "cut by max_length",
@@ -69,6 +76,8 @@ class DataStatistics(ProbeResult):
         default_factory=lambda: {name: Category() for name in CATEGORIES})
     token_rows: list[tuple[str, Row]] = dataclasses.field(default_factory=list)  # rows kept for the token view
     special_strings: tuple[str, ...] = ()
+    blank_example: dict[str, Any] | None = None  # the first blank answer's supervised ids and tokens
+    whitespace_ids: dict[int, bool] = dataclasses.field(default_factory=dict)  # token id -> decodes to whitespace
 
     # -- the pass ---------------------------------------------------------------------------------------------
     def collect(self) -> DataStatistics:
@@ -112,7 +121,9 @@ class DataStatistics(ProbeResult):
         answer = row.answer_start
         if answer is not None:
             self.answers_located += 1
-        answer_lost = answer is not None and max(answer, lo) >= hi
+        # lost to max_length: the cut left no token of the answer (an uncut row with nothing after its answer
+        # header is a labels matter, not a length one)
+        answer_lost = cut and answer is not None and max(answer, lo) >= hi
         if answer is not None and cut and not answer_lost:
             self._mark("answer_cut", row)
         if labels is None:  # trl drops it
@@ -122,22 +133,29 @@ class DataStatistics(ProbeResult):
             else:
                 self._mark("dropped_unsupervised", row)
             return
-        if answer_lost:
-            self._mark("answer_lost", row)
         self.batched += 1
         self.tokens += len(ids)
         supervised = [i for i, label in enumerate(labels) if label != IGNORE]
         self.supervised_tokens += len(supervised)
+        if answer_lost:  # data.truncation's: the labels cannot be judged on an answer that is not there
+            self._mark("answer_lost", row)
+            return
         if not supervised:
             self._mark("nothing_supervised", row)
             return
-        if answer is not None and not answer_lost:
+        if answer is not None:
             start = max(answer - lo, 0)
             if not any(i >= start for i in supervised):
                 self._mark("answer_unsupervised", row)
             if meant_answer_only and supervised[0] < _first_answer(row, lo):
                 self._mark("prompt_supervised", row)
         if not cut:
+            answer_ids = [ids[i] for i in supervised if i >= _first_answer(row, lo)]  # no answer located: all
+            if answer_ids and all(i in stops or self._whitespace(i) for i in answer_ids):
+                if self.blank_example is None:
+                    self.blank_example = {"row": row.index, "supervised_answer_ids": answer_ids,
+                                          "tokens": self.path.tokenizer.convert_ids_to_tokens(answer_ids)}
+                self._mark("blank_answer", row)
             self.eos_eligible += 1
             if any(labels[i] in stops for i in supervised):
                 self.eos_supervised += 1
@@ -145,6 +163,13 @@ class DataStatistics(ProbeResult):
                 self._mark("eos_unsupervised", row)
         if not self._marked and sum(1 for n, _ in self.token_rows if n == "healthy") < VIEW_ROWS:
             self.token_rows.append(("healthy", row))
+
+    def _whitespace(self, token_id: int) -> bool:
+        """Whether the token decodes to whitespace alone (cached: a handful of ids recur)."""
+        known = self.whitespace_ids.get(token_id)
+        if known is None:
+            known = self.whitespace_ids[token_id] = not self.path.tokenizer.decode([token_id]).strip()
+        return known
 
     # -- verdicts ---------------------------------------------------------------------------------------------
     def share(self, name: str, of: int | None = None) -> float:
@@ -167,31 +192,84 @@ class DataStatistics(ProbeResult):
     def labels_finding(self) -> Finding:
         c = self.categories
         evidence = self._evidence("nothing_supervised", "dropped_unsupervised", "answer_unsupervised",
-                                  "prompt_supervised")
+                                  "blank_answer", "prompt_supervised", "answer_lost")
         evidence.update(supervised_tokens=self.supervised_tokens, tokens=self.tokens,
-                        answers_located=self.answers_located)
-        problems = [n for n in ("nothing_supervised", "answer_unsupervised") if c[n].count]
+                        answers_located=self.answers_located, blank_answer_example=self.blank_example,
+                        end_of_turn_ids=sorted(self.path.stop_ids), max_length=self.path.max_length)
+        lost = self._lost_note()
+        masked = [n for n in ("nothing_supervised", "answer_unsupervised") if c[n].count]
         if self.share("dropped_unsupervised") >= FAIL_SHARE:  # trl drops them silently: the data is still lost
-            problems.append("dropped_unsupervised")
-        if problems:
-            return Finding("data.labels", "fail", f"{sum(c[n].count for n in problems):,} of {self.rows:,} row(s) "
-                           "train nothing on their answer", " ".join(self._line(n) for n in problems) + ". " + _masking_cause(self.path),
-                           evidence, _labels_fix(self.path))
-        warnings = [n for n in ("prompt_supervised", "dropped_unsupervised") if c[n].count]
+            masked.append("dropped_unsupervised")
+        blank_fails = self.share("blank_answer") >= FAIL_SHARE
+        if masked or blank_fails:
+            titles, lines, fixes = [], [], []
+            if masked:
+                titles.append(f"{sum(c[n].count for n in masked):,} of {self.rows:,} row(s) train nothing on "
+                              "their answer")
+                lines.append(" ".join(self._line(n) for n in masked) + ". " + masking_cause(self.path))
+                fixes.append(labels_fix(self.path))
+            if blank_fails:
+                titles.append(f"{c['blank_answer'].count:,} of {self.rows:,} row(s) have a blank answer: the "
+                              "model learns to answer with EOS alone")
+                lines.append(self._blank_line())
+                fixes.append(blank_fix(self.path, c["blank_answer"]))
+            return Finding("data.labels", "fail", "; ".join(titles), " ".join(lines) + lost, evidence,
+                           " ".join(fixes))
+        warnings = [n for n in ("blank_answer", "prompt_supervised", "dropped_unsupervised") if c[n].count]
         if warnings:
-            return Finding("data.labels", "warn", "; ".join(CATEGORIES[n] for n in warnings),
-                           " ".join(self._line(n) for n in warnings) + ".", evidence,
-                           "Prompt supervised: give the run answer-only masking (SFTConfig(completion_only_loss=True) "
-                           "with prompt/completion rows, or assistant_only_loss=True with a template that marks "
-                           "{% generation %}). Dropped rows: give them an answer, or remove them from the file.")
+            fixes = {"blank_answer": blank_fix(self.path, c["blank_answer"]),
+                     "prompt_supervised": "Prompt supervised: give the run answer-only masking "
+                     "(SFTConfig(completion_only_loss=True) with prompt/completion rows, or assistant_only_loss=True "
+                     "with a template that marks {% generation %}).",
+                     "dropped_unsupervised": "Dropped rows: give them an answer, or remove them from the file."}
+            title = "; ".join(f"{c[n].count:,} row(s) with a blank answer (only EOS supervised)"
+                              if n == "blank_answer" else CATEGORIES[n] for n in warnings)
+            return Finding("data.labels", "warn", title,
+                           " ".join(self._blank_line() if n == "blank_answer" else self._line(n) + "."
+                                    for n in warnings) + lost, evidence, " ".join(fixes[n] for n in warnings))
         share = self.supervised_tokens / self.tokens if self.tokens else 0.0
+        kept = self.batched - c["answer_lost"].count + self.dropped_by_truncation  # rows whose answer is batched
+        if c["answer_lost"].count:
+            whole = (f" The run supervises every token ({self.path.masking}): prompts are trained on by design."
+                     if self.path.meant_answer_only is False else "")
+            others = (f"Every one of the {kept:,} batched rows that keep their answer supervises it, none blank "
+                      f"({self.path.masking})." if kept else "No row keeps its answer.")
+            return Finding("data.labels", "info", f"{c['answer_lost'].count:,} of {self.rows:,} row(s) lost their "
+                           "answer to max_length (data.truncation's)" + ("; the other rows supervise their answers"
+                                                                        if kept else ""),
+                           others + whole + lost, evidence)
         if self.path.meant_answer_only is False:
             return Finding("data.labels", "info", f"Whole-sequence loss: {100 * share:.0f} % of tokens supervised",
                            f"The run supervises every token ({self.path.masking}); prompts are trained on by design. "
-                           f"Every one of {self.batched:,} rows supervises its answer.", evidence)
+                           f"Every one of {self.batched:,} rows supervises its answer, none blank.", evidence)
         return Finding("data.labels", "pass", f"Every row supervises its answer ({100 * share:.0f} % of tokens)",
                        f"{self.batched:,} rows, {self.path.masking}: no row without supervised labels, no answer "
-                       "left unsupervised.", evidence)
+                       "left unsupervised, no blank answer.", evidence)
+
+
+    def _blank_line(self) -> str:
+        stops = ", ".join(self.path.tokenizer.convert_ids_to_tokens(i) or str(i) for i in sorted(self.path.stop_ids))
+        example = self.blank_example or {}
+        seen = (f" (row {example['row']} supervises ids {example['supervised_answer_ids']} = {example['tokens']})"
+                if example else "")
+        source = self.path.source
+        closes = ("the EOS appended to it" if source is not None and not source.conversational
+                  and source.format in ("prompt-completion", "text") else "the template's end of turn")
+        return (f"{self._line('blank_answer')}. Their answer is empty or whitespace, so all it supervises is "
+                f"{closes} ({stops}) and whitespace{seen}. Trained on them, the model learns to answer with EOS "
+                "alone: empty replies (unsloth #2515, OpenRLHF #985).")
+
+
+    def _lost_note(self) -> str:
+        """Rows whose answer max_length cut away: counted here, judged by data.truncation."""
+        lost = self.categories["answer_lost"]
+        if not lost.count:
+            return ""
+        dropped = (f"; trl drops {self.dropped_by_truncation:,} of them (nothing left to supervise)"
+                   if self.dropped_by_truncation else "")
+        return (f" {self._line('answer_lost')} (max_length {self.path.max_length}{dropped}): their labels cannot "
+                "supervise an answer that is not in the row; data.truncation reports them, and their labels are not "
+                "judged here.")
 
     def eos_finding(self) -> Finding:
         path = self.path
@@ -319,23 +397,6 @@ def has_special_text(raw: dict[str, Any], specials: tuple[str, ...]) -> bool:
             if isinstance(text, str) and any(s in text for s in specials):
                 return True
     return False
-
-
-def _masking_cause(path: DataBatches) -> str:
-    if path.how == "trainer":
-        return (f"{path.collator_name[0].upper()}{path.collator_name[1:]} produced these labels: typically a response "
-                "template it never finds in the tokenized rows (the chat template renders the assistant header "
-                "differently, or tokens merge across it), so it masks the whole row.")
-    return f"trl built these labels ({path.masking}): the rows have no answer tokens to supervise."
-
-
-def _labels_fix(path: DataBatches) -> str:
-    if path.how == "trainer":
-        return ("Make the collator's response template match what the chat template renders, as token ids "
-                "(tokenize the rendered assistant header, e.g. tokenizer.apply_chat_template(..., "
-                "add_generation_prompt=True) minus the prompt), or let trl build the labels: prompt/completion rows "
-                "with completion_only_loss=True, or messages with assistant_only_loss=True.")
-    return "Give every row a non-empty answer (assistant message or completion), or drop those rows."
 
 
 def data_statistics_probe(path: DataBatches):

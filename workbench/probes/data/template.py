@@ -6,8 +6,9 @@ text (`tokenize=False`), encode it (`tokenizer(text)`) and the row starts with B
 trl's own path for `messages` rows tokenizes inside apply_chat_template and is safe; rows stored already rendered
 (`text`) and scripts that render then encode are not. The whole-dataset pass counts the batched rows that start
 with BOS twice (a `fail`: the run trains on it); here the two encodings are compared on the first conversational
-rows (a `warn`: a trap for any code that renders then encodes, inference included), and the raw text is read for
-special tokens written into it (a user message holding `<|im_end|>` ends the turn early).
+rows (a `warn`: a trap for any code that renders then encodes, inference included), and the rows' own text (as
+written, before trl's preparation appends the EOS text to a completion) is read for special tokens written into it
+(a user message holding `<|im_end|>` ends the turn early).
 A tokenizer with no BOS at all cannot double it.
 """
 
@@ -59,16 +60,24 @@ class TemplateResult(ProbeResult):
             problems.append(f"render-then-encode (apply_chat_template(tokenize=False), then tokenizer(text)) "
                             f"differs from apply_chat_template(tokenize=True) in {len(self.differing)} of "
                             f"{self.compared} rows: {what} (first at row {self.differing[0]['row']}, position "
-                            f"{self.differing[0]['position']})")
+                            f"{self.differing[0]['position']}); the batches themselves are unaffected: none of "
+                            f"the {self.stats.batched:,} batched rows starts with BOS twice")
         if special_count:
             problems.append(f"{special_count:,} row(s) write a special token ({', '.join(self.stats.special_strings)})"
                             f" into their raw text: rows {', '.join(map(str, special_rows))}")
         if problems:
+            fixes = []
+            if self.differing:
+                fixes.append("Your batches are not affected where trl tokenizes messages itself; any code that "
+                             "renders then encodes (inference included) must pass add_special_tokens=False.")
+            if special_count:
+                name = self.stats.path.source.path.name if self.stats.path.source is not None else "the data"
+                fixes.append(f"Strip or escape the special-token strings in the text of rows "
+                             f"{', '.join(map(str, special_rows))} of {name} (the text as written, before any "
+                             "EOS trl appends).")
             return [Finding("data.template", "warn", "Template and tokenizer disagree on some rows"
                             if self.differing else "Special tokens in the raw text", "; ".join(problems) + ".",
-                            evidence, "Your batches are not affected where trl tokenizes messages itself; any code "
-                            "that renders then encodes (inference included) must pass add_special_tokens=False. "
-                            "Strip or escape special-token strings from the data's text.")]
+                            evidence, " ".join(fixes))]
         no_bos = "The tokenizer has no BOS token: nothing to double. " if self.bos is None else ""
         compared = (f"render-then-encode equals apply_chat_template(tokenize=True) on {self.compared} rows"
                     if self.compared else "no conversational row to render (nothing to compare)")

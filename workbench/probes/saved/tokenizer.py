@@ -9,8 +9,10 @@ resized but not saved with the adapter leave the adapter unloadable on the base 
 tokenizer.special_tokens: no pad token; pad = EOS (the usual collator masks the EOS like padding and the model never
 learns to stop: trl #3091, #1623); generation's eos_token_id without the chat template's end-of-turn token
 (generation runs to max_new_tokens: llama-cookbook #640); a template that writes BOS while the tokenizer adds it
-again (doubled BOS: transformers #37686). Checked by rendering a short conversation with the checkpoint's own
-template and encoding it as training would.
+again (the official Llama-3 and Gemma 3 layout): rendering then encoding doubles BOS (transformers #37686), while
+apply_chat_template(tokenize=True), trl's path for conversational rows, does not. Only code that renders then
+encodes is exposed, so this is a warn here; notebook 07's data.template counts the doubled rows in the real batches.
+Checked by rendering a short conversation with the checkpoint's own template and encoding it both ways.
 """
 
 from __future__ import annotations
@@ -185,8 +187,11 @@ class SpecialTokensResult(ProbeResult):
     end_of_turn: str | None = None
     end_of_turn_id: int | None = None
     rendered: str | None = None
-    leading_ids: list[int] = dataclasses.field(default_factory=list)
-    doubled_bos: bool = False
+    leading_ids: list[int] = dataclasses.field(default_factory=list)  # tokenizer(rendered text)
+    template_leading_ids: list[int] = dataclasses.field(default_factory=list)  # apply_chat_template(tokenize=True)
+    doubled_bos: bool = False  # render-then-encode starts with BOS twice
+    template_doubles_bos: bool = False  # apply_chat_template(tokenize=True) does too: the template writes it twice
+    transformers_version: str | None = None
 
     def findings(self) -> list[Finding]:
         evidence = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("skipped",)}
@@ -206,12 +211,6 @@ class SpecialTokensResult(ProbeResult):
                           "Set `generation_config.eos_token_id = "
                           f"{sorted(set(self.generation_eos) | {self.end_of_turn_id})}`"
                           " and save it (`model.generation_config.save_pretrained(folder)`)."))
-        if self.doubled_bos:
-            fails.append((f"Doubled BOS: the chat template writes {self.bos!r} and the tokenizer adds it again",
-                          f"Encoding the rendered conversation starts with ids {self.leading_ids[:4]}: two "
-                          f"{self.bos!r} (transformers #37686). Every training example carries the doubled token.",
-                          "Encode template output without special tokens: `tokenizer(text, add_special_tokens=False)`"
-                          " (or `apply_chat_template(messages, tokenize=True)`, which does so)."))
         if self.pad is None:
             warns.append(("No pad token", "Fine for generation one prompt at a time; batching for training needs "
                           "one, and the usual fix (pad = EOS) has its own trap.",
@@ -224,6 +223,8 @@ class SpecialTokensResult(ProbeResult):
                           "padding, and the model never learns to stop (trl #3091, #1623).",
                           "Use a pad token distinct from EOS, e.g. `tokenizer.pad_token = tokenizer.unk_token` or "
                           "a reserved token; or mask by attention_mask, not by the pad id."))
+        if self.doubled_bos:
+            warns.append(self._doubled_bos())
         if self.template_error:
             warns.append(("The chat template could not render a conversation", self.template_error,
                           "Fix the chat_template in tokenizer_config.json / chat_template.jinja."))
@@ -238,13 +239,38 @@ class SpecialTokensResult(ProbeResult):
         return [Finding(SPECIAL, "pass", f"Special tokens consistent: pad {self.pad!r}, EOS {self.eos!r}",
                         f"pad ≠ EOS{turn}; BOS {'added once' if self.bos else 'not used'}.", evidence)]
 
+    def _doubled_bos(self) -> tuple[str, str, str]:
+        """Render-then-encode doubles BOS: a trap for code that encodes rendered text, not for trl's batches."""
+        bos = f"{self.bos!r} ({self.bos_id})"
+        if not self.template_leading_ids:
+            where = "apply_chat_template(tokenize=True) could not be compared (it did not tokenize)."
+        elif self.template_doubles_bos:
+            where = (f"apply_chat_template(tokenize=True) starts with {self.template_leading_ids[:4]} too: the "
+                     "template itself writes BOS twice, so conversational rows tokenized by trl carry both.")
+        else:
+            where = (f"apply_chat_template(tokenize=True) starts with {self.template_leading_ids[:4]}, one BOS: it "
+                     "encodes without adding special tokens, and it is how trl tokenizes conversational rows, so "
+                     "those batches are unaffected.")
+        return (f"Render-then-encode doubles BOS: the chat template writes {self.bos!r} and the tokenizer adds it "
+                "again",
+                f"apply_chat_template(messages, tokenize=False) then tokenizer(text) starts with ids "
+                f"{self.leading_ids[:4]}: BOS {bos} twice (transformers #37686; transformers "
+                f"{self.transformers_version}). {where} Exposed is only code that "
+                "renders then encodes: rows stored as rendered `text`, scripts that format prompts as text and call "
+                "tokenizer(text), inference included. Notebook 07's data.template counts the batched rows that "
+                "really start with BOS twice (run it with --data).",
+                f"Where you encode rendered text, pass `tokenizer(text, add_special_tokens=False)`, or tokenize with "
+                f"`tokenizer.apply_chat_template(messages, tokenize=True)`; store training data as messages, not as "
+                f"text rendered with {self.bos!r}.")
+
     def details(self):
         return facts_table([
             ("tokenizer folder", self.tokenizer_dir), ("pad", f"{self.pad!r} ({self.pad_id})"),
             ("eos", f"{self.eos!r} ({self.eos_id})"), ("bos", f"{self.bos!r} ({self.bos_id})"),
             ("generation eos_token_id", f"{self.generation_eos} ({self.generation_eos_from})"),
             ("template end of turn", f"{self.end_of_turn!r} ({self.end_of_turn_id})"),
-            ("rendered conversation", self.rendered), ("first ids", self.leading_ids[:8])])
+            ("rendered conversation", self.rendered), ("first ids of tokenizer(rendered)", self.leading_ids[:8]),
+            ("first ids of apply_chat_template(tokenize=True)", self.template_leading_ids[:8])])
 
 
 def _ids(value) -> list[int] | None:
@@ -287,6 +313,9 @@ def special_tokens_probe(files: SavedFiles) -> SpecialTokensResult:
         result.generation_eos, result.generation_eos_from = [result.eos_id], "the tokenizer's eos (nothing saved)"
     result.template = bool(getattr(tok, "chat_template", None))
     if result.template:
+        import transformers
+
+        result.transformers_version = transformers.__version__
         try:
             result.rendered = tok.apply_chat_template(CONVERSATION, tokenize=False)
         except Exception as exc:  # noqa: BLE001 - a template that cannot render is reported, not raised
@@ -294,6 +323,12 @@ def special_tokens_probe(files: SavedFiles) -> SpecialTokensResult:
         else:
             result.end_of_turn, result.end_of_turn_id = end_of_turn(tok, result.rendered)
             result.leading_ids = list(tok(result.rendered)["input_ids"][:8])
+            try:
+                result.template_leading_ids = list(tok.apply_chat_template(
+                    CONVERSATION, tokenize=True, return_dict=True)["input_ids"][:8])
+            except Exception:  # noqa: BLE001 - rendering worked; the comparison is then left out
+                result.template_leading_ids = []
             bos = result.bos_id
             result.doubled_bos = bos is not None and result.leading_ids[:2] == [bos, bos]
+            result.template_doubles_bos = bos is not None and result.template_leading_ids[:2] == [bos, bos]
     return result
