@@ -62,13 +62,15 @@ class Finding:
     @classmethod
     def from_exception(cls, check_id: str, exc: BaseException, *, title: str | None = None) -> Finding:
         """The check crashed: an `error` finding carrying the exception and its traceback."""
+        # an exception may carry its own title, evidence and fix (workbench.model.batch.BatchNotAccepted)
         return cls(
             id=check_id,
             verdict="error",
-            title=title or f"{check_id} could not run",
+            title=title or getattr(exc, "finding_title", None) or f"{check_id} could not run",
             detail=f"{type(exc).__name__}: {exc}",
-            evidence={"traceback": "".join(traceback.format_exception(exc))[-8000:]},
-            fix="Read the traceback in the evidence; if the input is at fault, fix it and re-run.",
+            evidence={**getattr(exc, "evidence", {}), "traceback": "".join(traceback.format_exception(exc))[-8000:]},
+            fix=getattr(exc, "fix", None) or "Read the traceback in the evidence; if the input is at fault, fix it "
+            "and re-run.",
         )
 
 

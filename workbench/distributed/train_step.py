@@ -14,7 +14,7 @@ def rank_inputs(model, target, rank: int) -> tuple[dict, str]:
     """The workbench's sample inputs, with labels shuffled by rank: each rank has its own batch."""
     import torch
 
-    from workbench.model.forward import target_inputs
+    from workbench.model.batch import target_inputs
 
     inputs, how = target_inputs(model, target)
     if "labels" in inputs:

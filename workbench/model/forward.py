@@ -14,18 +14,7 @@ import torch
 from torch import nn
 
 from workbench.model.heads import DESCRIPTIONS, head_kind, labels_for
-from workbench.model.inputs import sample_inputs
 from workbench.model.loading import first_device
-
-
-def target_inputs(model: nn.Module, target, labels: bool = True) -> tuple[dict, str]:
-    """The batch the probes feed this target's model (`sample_inputs`, or the --params `forward_inputs` file), with
-    labels that fit its head unless `labels=False`, and how it was built (for the report)."""
-    inputs, how = sample_inputs(model, target.model_dir, inputs_file=target.params.get("forward_inputs"))
-    if not labels:
-        return inputs, how
-    inputs = with_labels(model, inputs)
-    return inputs, f"{how}; {labels_how(model, inputs)}"
 
 
 def device_type_of(model: nn.Module) -> str:
@@ -65,7 +54,7 @@ def with_labels(model: nn.Module, inputs: dict) -> dict:
     """Add labels that fit the head (workbench.model.heads) when the model's forward takes them: the input ids for
     a causal / image-text / seq2seq LM, one class per row for sequence classification, one class per token for
     token classification, none for a bare model."""
-    if "labels" in inputs or "input_ids" not in inputs:
+    if "labels" in inputs or ("input_ids" not in inputs and head_kind(model) != "seq2seq_lm"):
         return inputs
     try:
         params = inspect.signature(model.forward).parameters
@@ -84,5 +73,6 @@ def labels_how(model: nn.Module, inputs: dict) -> str:
     if "labels" not in inputs:
         return f"{DESCRIPTIONS[head]} head: no labels (loss from the mean of its outputs)"
     shape = list(inputs["labels"].shape)
-    what = {"seq_cls": "one class per row", "token_cls": "one class per token"}.get(head, "labels = input_ids")
+    what = {"seq_cls": "one class per row", "token_cls": "one class per token"}.get(
+        head, "labels = input_ids" if "input_ids" in inputs else "random decoder token ids as labels")
     return f"{DESCRIPTIONS[head]} head: {what} {shape}"

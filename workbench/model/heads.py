@@ -101,6 +101,12 @@ def labels_for(model, inputs: dict) -> Any:
 
     head = head_kind(model)
     ids = inputs.get("input_ids")
+    if ids is None and head == "seq2seq_lm":  # speech-to-text (input_features): the decoder's labels are token ids
+        config = getattr(unwrap_model(model)[0], "config", None)
+        vocab = int(getattr(getattr(config, "text_config", config), "vocab_size", 100) or 100)
+        rows = next((v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor)), 1)
+        device = next((v.device for v in inputs.values() if isinstance(v, torch.Tensor)), None)
+        return torch.randint(3, max(4, vocab), (rows, 8), generator=torch.Generator().manual_seed(0)).to(device)
     if ids is None:
         return None
     if head in ("causal_lm", "image_text_to_text", "seq2seq_lm"):

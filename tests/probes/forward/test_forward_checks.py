@@ -98,16 +98,28 @@ def test_names_are_normalized_across_wrappers():
         "model.layers.0.q_proj.lora_A.default.weight"
 
 
-def test_inputs_the_model_cannot_take_are_a_skip_with_the_parameter_to_use(demo, tmp_path):
+def test_a_batch_the_model_rejects_is_an_error_on_every_forward_check_never_a_fail(demo, tmp_path):
     from safetensors.torch import save_file
+
+    from workbench.recorder import FindingsRecorder
 
     target = resolve_target(str(demo.llama))
     prepared = prepare_model(target)
     bad = tmp_path / "bad.safetensors"
     save_file({"not_an_argument": torch.zeros(1, 4, dtype=torch.long)}, str(bad))
     target.params["forward_inputs"] = str(bad)
-    found = verdicts(forward_scenarios_probe(prepared, target))
-    assert found["forward.scenarios"].verdict == "skip" and "forward_inputs" in found["forward.scenarios"].fix
+    recorder = FindingsRecorder(tmp_path / "findings.json", notebook="04_forward_checks")
+    for probe, checks in ((grad_flow_probe, ("grad.flow",)),
+                          (mixed_precision_buffer_probe, ("forward.mixed_precision_buffers",)),
+                          (forward_scenarios_probe, ("forward.scenarios", "forward.dtype_flow"))):
+        recorder.run(probe, prepared, target, checks=checks)
+    found = {f.id: f for f in recorder.findings}
+    assert {f.verdict for f in found.values()} == {"error"}, [(f.id, f.verdict) for f in found.values()]
+    scenarios = found["forward.scenarios"]
+    assert scenarios.title == "Could not build a batch this model accepts"
+    assert "bad.safetensors" in scenarios.detail and "input_ids" in scenarios.detail  # the batch and its exception
+    assert scenarios.evidence["candidates"][0]["error"].startswith("ValueError")
+    assert "forward_inputs" in scenarios.fix
     good = tmp_path / "good.safetensors"
     save_file({"input_ids": torch.tensor([[1, 2, 3, 4]])}, str(good))
     target.params["forward_inputs"] = str(good)
@@ -115,7 +127,17 @@ def test_inputs_the_model_cannot_take_are_a_skip_with_the_parameter_to_use(demo,
     assert "good.safetensors" in report.inputs_how and verdicts(report)["forward.scenarios"].verdict == "pass"
 
 
-def test_out_of_memory_is_an_error_that_says_so(demo):
+def test_the_planted_fp32_norm_still_fails_the_matrix_the_batch_runs_under_autocast(demo):
+    from workbench.model.batch import accepted_batch
+
+    target = resolve_target(str(demo.qwen_base))
+    prepared = prepare_model(target)
+    prepared.model.model.language_model.norm.float()  # eval without autocast raises; autocast runs
+    assert accepted_batch(prepared.model, target).rejected == []
+    assert verdicts(forward_scenarios_probe(prepared, target))["forward.scenarios"].verdict == "fail"
+
+
+def test_out_of_memory_is_an_error_that_says_so(demo, tmp_path):
     target = resolve_target(str(demo.llama))
     prepared = prepare_model(target)
     layer = prepared.model.model.layers[0]
@@ -124,5 +146,10 @@ def test_out_of_memory_is_an_error_that_says_so(demo):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     layer.forward = exhausted
-    found = verdicts(forward_scenarios_probe(prepared, target))
+    from workbench.recorder import FindingsRecorder
+
+    recorder = FindingsRecorder(tmp_path / "findings.json", notebook="04_forward_checks")
+    recorder.run(forward_scenarios_probe, prepared, target, checks=("forward.scenarios", "forward.dtype_flow"))
+    found = {f.id: f for f in recorder.findings}
     assert found["forward.scenarios"].verdict == "error" and "out of memory" in found["forward.scenarios"].title
+    assert "2.00 GiB" in found["forward.scenarios"].detail and "smaller input" in found["forward.scenarios"].fix

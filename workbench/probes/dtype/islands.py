@@ -24,7 +24,9 @@ from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.components import ComponentClassifier, unwrap_model
 from workbench.model.dtypes import compute_dtype_of, dtype_name, keep_in_fp32_matcher, off_compute_dtype
+from workbench.model.forward import run_forward
 from workbench.model.tied import tied_aliases, tied_notes
+from workbench.probes.dtype.tracer import DtypeTracer
 
 
 @dataclasses.dataclass
@@ -197,8 +199,30 @@ def returns_input_dtype(module: nn.Module, compute_dtype: torch.dtype) -> bool:
     return isinstance(out, torch.Tensor) and out.dtype == compute_dtype
 
 
+def buffer_owners_returning_compute(model: nn.Module, inputs: dict, compute_dtype: torch.dtype,
+                                    owners: set[str]) -> set[str]:
+    """Of the modules named in `owners` (holders of an off-dtype buffer), those that, in one eval forward of
+    `inputs` without autocast, return the compute dtype whenever they are given it: their buffer never reaches
+    the activations (CodeGen's fp32 `embed_positions` table, whose attention computes in fp32 and casts back)."""
+    name = dtype_name(compute_dtype)
+    was_training = model.training
+    model.eval()
+    try:
+        with DtypeTracer(model) as tracer:
+            _out, exc = run_forward(model, inputs, "no autocast", compute_dtype)
+    finally:
+        model.train(was_training)
+    if exc is not None:
+        return set()
+    verdict: dict[str, bool] = {}
+    for call in tracer.calls:
+        if call.path in owners and call.outputs and name in call.inputs:
+            verdict[call.path] = verdict.get(call.path, True) and all(o == name for o in call.outputs)
+    return {path for path, kept in verdict.items() if kept}
+
+
 def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
-                 classifier: ComponentClassifier | None = None) -> Islands:
+                 classifier: ComponentClassifier | None = None, inputs: dict | None = None) -> Islands:
     compute_dtype = compute_dtype or compute_dtype_of(model)
     classifier = classifier or ComponentClassifier.from_model(model)
     inner, prefix = unwrap_model(model)
@@ -208,6 +232,11 @@ def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
     kbit_reason, half, peft = kbit_upcast_reason(model, adapter_names, compute_dtype) if quantized else (None, [], "")
     islands: list[Island] = []
     contained: dict[int, bool] = {}  # per module, asked only when needed
+    buffers_kept: set[str] = set()
+    if inputs is not None:
+        owners = {off.module_name for off in off_compute_dtype(model, compute_dtype, kinds=("buffer",))
+                  if not off.rotary}
+        buffers_kept = buffer_owners_returning_compute(model, inputs, compute_dtype, owners) if owners else set()
     for off in off_compute_dtype(model, compute_dtype):  # a tied parameter is one island, not two
         module, name, tensor = off.module, off.name, off.tensor
         inner_name = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
@@ -221,6 +250,10 @@ def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
             why = "PEFT keeps adapter weights in fp32 (autocast_adapter_dtype) and casts activations around them"
         elif off.kind == "parameter" and kbit_reason and tensor.dtype == torch.float32:
             why = kbit_reason
+        elif off.kind == "buffer" and off.module_name in buffers_kept:
+            why = (f"contained: {type(module).__name__} returned {dtype_name(compute_dtype)} for "
+                   f"{dtype_name(compute_dtype)} inputs in a forward of the diagnosis batch, so its "
+                   f"{dtype_name(tensor.dtype)} buffer never reaches the activations")
         elif off.kind == "parameter":
             if id(module) not in contained:
                 contained[id(module)] = returns_input_dtype(module, compute_dtype)

@@ -9,6 +9,7 @@ from typing import Any
 
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
+from workbench.model.batch import BatchNotAccepted, target_inputs
 from workbench.model.components import ComponentClassifier
 from workbench.model.tied import tied_notes
 from workbench.probes.dtype.census import DtypeCensus, census_differences, dtype_census, predicted_quantized_census
@@ -155,4 +156,10 @@ def fp32_island_probe(prepared, target=None) -> Islands:
 
     overrides = component_overrides(target) if target is not None else None
     classifier = ComponentClassifier.from_model(prepared.model, overrides)
-    return fp32_islands(prepared.model, classifier=classifier)
+    inputs = None
+    if target is not None:  # buffers are asked whether they reach the activations, on a batch the model accepts
+        try:
+            inputs, _how = target_inputs(prepared.model, target)
+        except BatchNotAccepted:
+            inputs = None  # no batch runs: buffers stay unexplained (the forward checks say why)
+    return fp32_islands(prepared.model, classifier=classifier, inputs=inputs)

@@ -19,6 +19,7 @@ from torch import nn
 from workbench.display.nodes import Details, Display, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
+from workbench.model.batch import target_inputs
 from workbench.model.bnb_cpu_layout import (
     bitsandbytes_version,
     held_layout_note,
@@ -30,7 +31,7 @@ from workbench.model.checkpointing import checkpointing_state
 from workbench.model.components import ComponentClassifier
 from workbench.model.cpu_half_matmul import describe, fp32_half_matmul
 from workbench.model.dtypes import compute_dtype_of
-from workbench.model.forward import device_type_of, target_inputs
+from workbench.model.forward import device_type_of
 from workbench.model.heads import loss_of
 
 WRAPPER_PREFIXES = re.compile(r"^(module\.)*(base_model\.model\.)?")
@@ -62,6 +63,7 @@ class GradFlowResult(ProbeResult):
     has_pixels: bool
     inputs_how: str = ""
     unused: list[str] = dataclasses.field(default_factory=list)  # trainable tensors whose module never ran
+    unexercised: list[str] = dataclasses.field(default_factory=list)  # vision tensors a batch without image skips
     backward_kernels: str | None = None  # set when half-precision products were computed in fp32 (CPU only)
     packed_for_inference: list[str] = dataclasses.field(default_factory=list)  # 4-bit layers handed over packed
     layout_note: str | None = None  # set when bitsandbytes' CPU inference repack was held back for the diagnosis
@@ -84,9 +86,6 @@ class GradFlowResult(ProbeResult):
                     "receive inputs that do not require grad, so nothing inside them gets a gradient",
                     "model.enable_input_require_grads() before training, or gradient_checkpointing_kwargs="
                     "{'use_reentrant': False}")
-        if missing and all(r.component == "vision" for r in missing) and not self.has_pixels:
-            return ("the vision tower is off the forward path: this batch has no image",
-                    "Train on batches with images, or do not put LoRA on the vision tower.")
         return ("these tensors are off the forward path, or custom code detaches them (.detach(), torch.no_grad)",
                 "Check that the modules run in forward and that no custom code detaches their activations.")
 
@@ -125,7 +124,7 @@ class GradFlowResult(ProbeResult):
                             + ", ".join(f"{k}: {v}" for k, v in self.summary().items()) + f". Cause: {cause}.",
                             evidence, fix)]
         expected = sum(1 for r in self.rows if r.expected and r.status == "zero")
-        unused = len(self.unused)
+        unused = len(self.unused) + len(self.unexercised)
         title = (f"All {trainable} trainable tensors receive a gradient" if not unused else
                  f"All {trainable - unused} trainable tensors on the forward path receive a gradient")
         return [Finding("grad.flow", "info" if unused else "pass", title,
@@ -134,7 +133,10 @@ class GradFlowResult(ProbeResult):
                                                    if expected else "")
                         + (f"; {unused} belong to modules whose output never reaches the loss in this "
                            f"architecture (e.g. {self.unused[0]}): they cannot learn — freeze them, or under DDP "
-                           "pass find_unused_parameters=True" if unused else "")
+                           "pass find_unused_parameters=True" if self.unused else "")
+                        + (f"; {len(self.unexercised)} vision-tower tensors (e.g. {self.unexercised[0]}) were not "
+                           "exercised: no image batch this model accepts could be built, so the tower's gradients "
+                           "are not checked (pass your own batch as forward_inputs)" if self.unexercised else "")
                         + (f". Inputs: {self.inputs_how}" if self.inputs_how else ""), evidence)]
 
     def _packed_finding(self, evidence: dict[str, Any]) -> Finding:
@@ -237,9 +239,9 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
         model.train(was_training)
         for handle in handles:
             handle.remove()
-    has_pixels = "pixel_values" in inputs
+    has_pixels = any(k.startswith(("pixel_values", "image")) for k in inputs)
     owners = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
-    rows, unused = [], []
+    rows, unused, unexercised = [], [], []
     if error is None:
         for name, p in model.named_parameters():
             if not p.requires_grad:
@@ -250,7 +252,10 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
             expected = ("lora_B is all zeros on the first step" if status == "zero" and role == "lora_A"
                         and _lora_b_is_zero(model, name) else None)
             owner = owners.get(id(p))
-            if status == "none" and owner is not None and (has_pixels or component != "vision"):
+            if status == "none" and component == "vision" and not has_pixels:
+                expected = "the batch holds no image: the vision tower is not exercised"
+                unexercised.append(normalize_name(name))
+            elif status == "none" and owner is not None:
                 if id(owner) not in ran:
                     expected = "its module never runs in this model's forward"
                 elif reached.get(id(owner)) is False:
@@ -259,5 +264,5 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
                     unused.append(normalize_name(name))
             rows.append(GradRow(normalize_name(name), component, role, status, norm, expected))
     model.zero_grad(set_to_none=True)
-    return GradFlowResult(rows, loss_value, error, checkpointing_state(model), has_pixels, how, unused,
+    return GradFlowResult(rows, loss_value, error, checkpointing_state(model), has_pixels, how, unused, unexercised,
                           describe(promoted), packed, held_layout_note(model))

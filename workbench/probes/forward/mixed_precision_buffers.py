@@ -18,40 +18,56 @@ from torch import nn
 from workbench.display.nodes import Display, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.model.components import ComponentClassifier
-from workbench.model.dtypes import compute_dtype_of, dtype_name, off_compute_dtype
-from workbench.model.forward import run_forward, target_inputs
+from workbench.model.batch import target_inputs
+from workbench.model.components import ComponentClassifier, unwrap_model
+from workbench.model.dtypes import compute_dtype_of, dtype_name, keep_in_fp32_matcher, off_compute_dtype
+from workbench.model.forward import run_forward
 from workbench.probes.dtype.tracer import DtypeTracer
 
 
 @dataclasses.dataclass(repr=False)
 class BufferResult(ProbeResult):
     compute_dtype: str
-    buffers: list[dict[str, Any]]  # floating buffers of frozen modules in another dtype
+    buffers: list[dict[str, Any]]  # floating buffers off the compute dtype, frozen modules first
     promoting: list[dict[str, Any]]  # of those, modules whose traced output left the compute dtype
-    error: str | None
+    error: str | None  # the simulated forward raised
     diagnosis: dict[str, Any] | None
+    inputs_how: str = ""
 
     def findings(self) -> list[Finding]:
         evidence = {"compute_dtype": self.compute_dtype, "buffers": self.buffers[:40], "promoting": self.promoting,
-                    "forward_error": self.error, "diagnosis": self.diagnosis,
+                    "forward_error": self.error, "diagnosis": self.diagnosis, "inputs": self.inputs_how,
                     "simulated": "FSDP2 MixedPrecisionPolicy(param_dtype): parameters cast, buffers untouched"}
         fix = (f"Cast frozen modules' buffers to {self.compute_dtype} before fully_shard (e.g. "
                f"module.to(torch.{self.compute_dtype}) for frozen, unsharded submodules), or keep those modules out "
                "of the mixed-precision unit.")
-        if self.error or self.promoting:
-            first = (self.promoting or [{}])[0]
-            where = first.get("buffer") or (self.diagnosis or {}).get("producer") or "a frozen module"
+        defects = [p for p in self.promoting if not p.get("intent")]
+        producer = (self.diagnosis or {}).get("producer")
+        owners = {b["buffer"].rsplit(".", 1)[0]: b for b in self.buffers if not b["rotary"] and not b.get("intent")}
+        if self.error and not defects and producer in owners:  # the raise comes from a buffer's module
+            defects = [{**owners[producer], "module": producer, "out": (self.diagnosis or {}).get("input_dtype")}]
+        if defects:
+            first = defects[0]
             return [Finding("forward.mixed_precision_buffers", "fail",
-                            f"Under FSDP-style mixed precision, {where} promotes activations to "
-                            f"{first.get('out', 'float32')}",
+                            f"Under FSDP-style mixed precision, {first['buffer']} promotes activations to "
+                            f"{first.get('out') or 'float32'}",
                             (f"The forward fails: {self.error}. " if self.error else "")
                             + (f"Traced: {self.diagnosis['summary']}." if self.diagnosis else ""), evidence, fix)]
+        if self.error:  # the batch runs as prepared, but not with every parameter cast: not a buffer's doing
+            return [Finding("forward.mixed_precision_buffers", "error",
+                            "The forward with parameters cast to the compute dtype fails, and not in a buffer's module",
+                            f"{self.error}. The same batch runs the model as prepared; casting every floating "
+                            f"parameter to {self.compute_dtype} breaks it elsewhere"
+                            + (f" (traced: {self.diagnosis['summary']})" if self.diagnosis else "") + ".",
+                            evidence, "Read the exception: FSDP2's param_dtype would cast these parameters too.")]
         if self.buffers:
+            intended = [p for p in self.promoting if p.get("intent")]
+            note = (f" {len(intended)} change their module's output dtype on purpose ("
+                    + "; ".join(f"{p['buffer']}: {p['intent']}" for p in intended[:3]) + ")." if intended else "")
             return [Finding("forward.mixed_precision_buffers", "info",
-                            f"{len(self.buffers)} buffer(s) stay out of {self.compute_dtype}, none promotes",
-                            "They keep their dtype under FSDP mixed precision but do not change the activations' "
-                            "dtype (e.g. rotary inv_freq).", evidence)]
+                            f"{len(self.buffers)} buffer(s) stay out of {self.compute_dtype}, none promotes by accident",
+                            "They keep their dtype under FSDP mixed precision and do not change the activations' "
+                            "dtype by accident (e.g. rotary inv_freq)." + note, evidence)]
         return [Finding("forward.mixed_precision_buffers", "pass", "No floating buffer outside the compute dtype",
                         "FSDP mixed precision would leave nothing in another dtype.", evidence)]
 
@@ -64,11 +80,19 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
     compute = compute_dtype_of(model)
     name = str(compute).removeprefix("torch.")
     classifier = ComponentClassifier.from_model(model)
+    inner, prefix = unwrap_model(model)
+    keep_fp32 = keep_in_fp32_matcher(inner)
+    declared = f"{type(inner).__name__} declares it in _keep_in_fp32_modules(_strict)"
+
+    def intent(off) -> str | None:
+        short = off.name[len(prefix) + 1:] if prefix and off.name.startswith(prefix + ".") else off.name
+        return declared if keep_fp32(short) else None
+
     buffers = [{"buffer": off.name, "dtype": dtype_name(off.tensor.dtype), "component": classifier.component_of(off.name),
-                "module_frozen": off.module_frozen, "rotary": off.rotary}
+                "module_frozen": off.module_frozen, "rotary": off.rotary, "intent": intent(off)}
                for off in off_compute_dtype(model, compute, kinds=("buffer",))]
     buffers.sort(key=lambda b: (b["rotary"], not b["module_frozen"], b["buffer"]))  # frozen modules first
-    inputs, _ = target_inputs(model, target)
+    inputs, how = target_inputs(model, target)  # a batch the model accepts, or BatchNotAccepted: an `error`
     saved: dict[nn.Parameter, torch.dtype] = {}
     was_training = model.training
     try:
@@ -90,4 +114,4 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
         if owner and call.outputs and call.outputs[0] != name and name in call.inputs:
             promoting.append({**owner, "module": call.path, "in": ",".join(call.inputs), "out": call.outputs[0]})
     error = f"{type(exc).__name__}: {str(exc)[:300]}" if exc is not None else None
-    return BufferResult(name, buffers, promoting, error, tracer.diagnosis() if exc is not None else None)
+    return BufferResult(name, buffers, promoting, error, tracer.diagnosis() if exc is not None else None, how)

@@ -19,9 +19,10 @@ from workbench.display.nodes import Cell as ShadedCell
 from workbench.display.nodes import Details, Display, Heading, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
+from workbench.model.batch import target_inputs
 from workbench.model.bnb_cpu_layout import held_layout_note, keep_training_layout
 from workbench.model.dtypes import compute_dtype_of
-from workbench.model.forward import logits_of, run_forward, target_inputs
+from workbench.model.forward import logits_of, run_forward
 from workbench.model.memory import free_memory
 from workbench.probes.dtype.tracer import DtypeTracer
 
@@ -107,7 +108,6 @@ class ForwardResult(ProbeResult):
     diagnosis: dict[str, Any] | None
     flow: list[dict[str, Any]]
     failing_module: str | None = None  # innermost module that raised in the traced cell
-    layers_ran: bool = True  # did any module holding a weight finish in the traced cell?
     layout_note: str | None = None  # set when bitsandbytes' CPU inference repack was held back for the diagnosis
 
     def to_frame(self):
@@ -115,22 +115,8 @@ class ForwardResult(ProbeResult):
 
         return pd.DataFrame([c.as_row() for c in self.cells])
 
-    def inputs_unusable(self) -> bool:
-        """Every cell fails the same way inside the top-level forward with a TypeError/ValueError: the model wants
-        inputs we did not build, rather than computing wrongly."""
-        errors = {c.error for c in self.cells}
-        return (bool(self.cells) and all(not c.ok for c in self.cells) and len(errors) == 1
-                and next(iter(errors)).startswith(("TypeError", "ValueError")) and not self.layers_ran)
-
     def findings(self) -> list[Finding]:
         failed = [c for c in self.cells if not c.ok or c.nonfinite]
-        if self.inputs_unusable():
-            why = (f"Every forward fails before any layer runs: {self.cells[0].error}. The inputs the workbench "
-                   f"built ({self.inputs_how}) do not fit this model.")
-            fix = ("Save one batch as safetensors (safetensors.torch.save_file(batch, 'inputs.safetensors')) and pass "
-                   "it with `forward_inputs: inputs.safetensors` in a --params file.")
-            return [Finding(i, "skip", "The forward needs inputs the workbench cannot build", why,
-                            {"inputs": self.inputs_how}, fix) for i in ("forward.scenarios", "forward.dtype_flow")]
         out_of_memory = [c for c in failed if (c.error or "").startswith("out of memory")]
         if out_of_memory:
             return [Finding(i, "error", "The forward ran out of memory", out_of_memory[0].error or "",
@@ -199,7 +185,7 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
     model = prepared.model
     keep_training_layout(model)  # the eval cells must not repack 4-bit weights the train cells then run on
     compute = compute_dtype_of(model)
-    inputs, how = target_inputs(model, target)
+    inputs, how = target_inputs(model, target)  # a batch the model accepts, or BatchNotAccepted: an `error`
     cells = run_matrix(model, inputs, compute)
     failing = next((c for c in cells if not c.ok), None)
     chosen = failing or Cell("as prepared", "train", "no autocast", True)
@@ -214,6 +200,4 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
         model.train(was_training)
     failing_call = tracer.failing_call()
     return ForwardResult(cells, how, str(compute).removeprefix("torch."), chosen.label, tracer.diagnosis(),
-                         tracer.flow(), failing_call.path if failing_call else None,
-                         any(c.weight is not None and c.outputs is not None for c in tracer.calls),
-                         held_layout_note(model))
+                         tracer.flow(), failing_call.path if failing_call else None, held_layout_note(model))

@@ -10,9 +10,9 @@ import transformers
 from workbench.display.nodes import Bullets, Display, Heading, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
+from workbench.model.batch import target_inputs
 from workbench.model.components import unwrap_model
 from workbench.model.dtypes import compute_dtype_of
-from workbench.model.forward import target_inputs
 from workbench.model.loading import auto_config
 from workbench.probes.parallel.device_map import (
     DeviceMapResult,

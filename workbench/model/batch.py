@@ -1,0 +1,114 @@
+"""The batch the forward probes feed a model: the first candidate the model accepts, proven by one plain forward.
+
+    inputs, how = target_inputs(model, target)   # the probes' call: labels that fit the head
+    batch = accepted_batch(model, target)        # raises BatchNotAccepted, naming every candidate and its exception
+    batch.inputs, batch.labeled, batch.how
+
+A verdict about the model needs a baseline that passes. Each candidate of `workbench.model.inputs.candidate_inputs`
+runs once on the model as prepared, in eval mode without autocast (and, when that raises, under autocast with the
+compute dtype: a set-up whose dtypes only work under autocast — the defect notebook 04 names — still accepts the
+batch). The first that runs is kept, with labels that fit the head when the forward accepts them. When none runs,
+either our inputs or the model is at fault, and the forward checks say `error` with every exception, never `fail`.
+The accepted batch is kept per model object, so the probes of one diagnosis build and check it once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.model.bnb_cpu_layout import keep_training_layout
+from workbench.model.dtypes import compute_dtype_of
+from workbench.model.forward import labels_how, run_forward, with_labels
+from workbench.model.inputs import candidate_inputs
+from workbench.model.memory import free_memory
+
+_ACCEPTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {inputs file: AcceptedBatch}
+
+
+@dataclasses.dataclass
+class AcceptedBatch:
+    inputs: dict[str, Any]
+    labeled: dict[str, Any]  # inputs with labels that fit the head (the same dict when the head takes none)
+    how: str  # how the inputs were made, and their labels
+    rejected: list[tuple[str, str]]  # (candidate, exception) tried before this one
+
+
+class BatchNotAccepted(RuntimeError):
+    """No candidate batch runs through the model: the forward checks say `error`, with every exception."""
+
+    finding_title = "Could not build a batch this model accepts"
+    fix = ("Save one batch your training feeds the model as safetensors (safetensors.torch.save_file(batch, "
+           "'inputs.safetensors')) and pass it with `forward_inputs: inputs.safetensors` in a --params file; if your "
+           "own batch fails the same way, the model itself is at fault.")
+
+    def __init__(self, rejected: list[tuple[str, str]]) -> None:
+        self.rejected = rejected
+        self.evidence = {"candidates": [{"inputs": how, "error": error} for how, error in rejected]}
+        tried = "; ".join(f"{how} → {error}" for how, error in rejected)
+        super().__init__(f"no batch ran one plain forward of the model as prepared (eval, without and with "
+                         f"autocast), so no verdict about the model is possible: {tried}")
+
+
+class ForwardOutOfMemory(RuntimeError):
+    """The baseline forward ran out of memory: the batch may fit, the device does not (an `error`, said so)."""
+
+    finding_title = "The forward ran out of memory"
+    fix = "Memory was freed; diagnose with a smaller input, 4-bit, or more GPU memory."
+
+
+def _runs(model: nn.Module, inputs: dict) -> str | None:
+    """None when one eval forward runs (no autocast, else under autocast), else the first exception."""
+    keep_training_layout(model)  # an eval forward must not repack 4-bit weights for CPU inference
+    was_training = model.training
+    model.eval()
+    try:
+        first = None
+        for context in ("no autocast", "autocast"):
+            _out, exc = run_forward(model, inputs, context, compute_dtype_of(model))
+            if exc is None:
+                return None
+            if isinstance(exc, torch.OutOfMemoryError):
+                free_memory()
+                raise ForwardOutOfMemory(f"out of memory: {str(exc)[:300]}") from exc
+            first = first or f"{type(exc).__name__}: {str(exc)[:300]}"
+        return first
+    finally:
+        model.train(was_training)
+
+
+def accepted_batch(model: nn.Module, target) -> AcceptedBatch:
+    """The first candidate batch the model accepts (module docstring), cached per model and inputs file."""
+    inputs_file = target.params.get("forward_inputs")
+    cached = _ACCEPTED.get(model, {}).get(inputs_file)
+    if cached is not None:
+        return cached
+    rejected: list[tuple[str, str]] = []
+    for inputs, how in candidate_inputs(model, target.model_dir, inputs_file=inputs_file):
+        if inputs is None:  # the builder could not build a batch: `how` says why
+            rejected.append((how.split(":", 1)[0], how.split(":", 1)[1].strip()))
+            continue
+        labeled = with_labels(model, inputs)
+        error = _runs(model, labeled)
+        if error is None:
+            batch = AcceptedBatch(inputs, labeled, f"{how}; {labels_how(model, labeled)}", rejected)
+        elif labeled is not inputs and _runs(model, inputs) is None:
+            batch = AcceptedBatch(inputs, inputs, f"{how}; labels not accepted ({error}): loss from the outputs",
+                                  rejected)
+        else:
+            rejected.append((how, error))
+            continue
+        _ACCEPTED.setdefault(model, {})[inputs_file] = batch
+        return batch
+    raise BatchNotAccepted(rejected)
+
+
+def target_inputs(model: nn.Module, target, labels: bool = True) -> tuple[dict, str]:
+    """The batch the probes feed this target's model (`accepted_batch`), with labels that fit its head unless
+    `labels=False`, and how it was built (for the report). Raises BatchNotAccepted when no candidate runs."""
+    batch = accepted_batch(model, target)
+    return (batch.labeled if labels else batch.inputs), batch.how
