@@ -25,7 +25,7 @@ DIAGNOSE_ARGS := $(CKPT) \
 	$(if $(DISTRIBUTED),--distributed $(DISTRIBUTED)) $(if $(DATA),--data $(DATA)) \
 	--reports-dir $(REPORTS)
 
-.PHONY: install diagnose census checks docs demo test test-fast lab bench clean
+.PHONY: install diagnose census families checks docs demo test test-fast lab bench clean
 
 install: $(STAMP)
 
@@ -49,6 +49,11 @@ endif
 
 census: install
 	$(PY) -m workbench census $(CKPT)
+
+# every auto-mapped architecture as a tiny checkpoint, every model-level check under plain and qlora:
+# docs/families.md and docs/families.json (about an hour on 2 cores; not part of `make test`)
+families: install
+	$(PY) -m workbench families
 
 demo: install
 	$(PY) -m workbench demo

@@ -61,9 +61,49 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("demo", help="build the bundled demo checkpoints and print their paths")
     m.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
 
+    f = sub.add_parser("families", help="the architecture census: every model-level check on a tiny checkpoint "
+                       "of every auto-mapped model type (docs/families.md)")
+    f.add_argument("--only", help="comma-separated model types (default: every one)")
+    f.add_argument("--setups", default="plain,qlora", help="comma-separated set-ups (default: plain,qlora)")
+    f.add_argument("--out", help="folder for families.md and families.json (default: docs/ for a full census; "
+                   "none with --only)")
+    f.add_argument("--work", help="a folder for the tiny checkpoints and the raw records (default: a temp folder)")
+
     lab = sub.add_parser("lab", help="JupyterLab with the panel and the notebooks open (prints the URL)")
     lab.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
     return parser
+
+
+def cmd_families(args) -> int:
+    import time
+
+    from workbench.architectures.census import SETUPS, run_census
+    from workbench.architectures.families_doc import finalized, summary, write
+    from workbench.architectures.model_types import architectures
+
+    setups = tuple(s for s in args.setups.split(",") if s)
+    unknown = set(setups) - set(SETUPS)
+    if unknown:
+        raise UsageError(f"--setups: {sorted(unknown)} unknown; the census runs {', '.join(SETUPS)}")
+    only = [t for t in (args.only or "").split(",") if t]
+    known = {a.model_type for a in architectures()}
+    if set(only) - known:
+        raise UsageError(f"--only: {sorted(set(only) - known)} are not auto-mapped model types of this transformers")
+    start = time.monotonic()
+    records = run_census(setups, only or None, Path(args.work) if args.work else None)
+    out = args.out or (None if only else "docs")
+    if out:
+        for path in write(records, Path(out)):
+            print(f"wrote {path}")
+    records = finalized(records)
+    for r in records:
+        state = "not built: " + (r["reason"] or "") if not r["built"] else (
+            "clean" if not r["problems"] else "; ".join(f"{p['id']} {p['verdict']}: {p['title']}" for p in r["problems"]))
+        print(f"{r['model_type']:<28} {r['setup']:<6} {state[:200]}")
+    s = summary(records)
+    print(f"{s['architectures']} architectures, {s['built']} built, clean: "
+          + ", ".join(f"{k} {v}" for k, v in s["clean"].items()) + f"; {time.monotonic() - start:.0f} s")
+    return 1 if s["records_with_problems"] else 0
 
 
 def cmd_demo(args) -> int:
@@ -192,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     skip_slow_optional_imports()
     args = build_parser().parse_args(argv)
     handler = {"diagnose": cmd_diagnose, "census": cmd_census, "checks": cmd_checks, "demo": cmd_demo,
-               "lab": cmd_lab}[args.command]
+               "lab": cmd_lab, "families": cmd_families}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

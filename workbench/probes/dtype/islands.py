@@ -152,8 +152,13 @@ def kbit_upcast_reason(model: nn.Module, adapter_names: set[str],
     half: list[str] = []
     fp32 = 0
     seen: set[int] = set()
+    # a k-bit layer's own bias: bitsandbytes casts it in place to the dtype it computes in on every forward
+    # (bitsandbytes/nn/modules.py, Linear4bit.forward: `bias.data = bias.data.to(x.dtype)`; Linear8bitLt alike),
+    # so after one forward it is half precision whatever prepare_model_for_kbit_training left
+    kbit_biases = {id(m.bias) for m in model.modules()
+                   if type(m).__name__ in ("Linear4bit", "Linear8bitLt") and getattr(m, "bias", None) is not None}
     for name, p in model.named_parameters():
-        if id(p) in seen or name in adapter_names or not p.dtype.is_floating_point:
+        if id(p) in seen or name in adapter_names or not p.dtype.is_floating_point or id(p) in kbit_biases:
             continue
         seen.add(id(p))
         if p.dtype in HALF:

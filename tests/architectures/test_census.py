@@ -1,0 +1,65 @@
+"""The architecture census: tiny configs shrunk generically, the architectures it covers, and a sample of the census
+itself (the whole census is `make families`, its output committed in docs/families.*)."""
+
+import pytest
+
+from workbench.architectures.census import record_for, run_census
+from workbench.architectures.families_doc import finalized, markdown, summary
+from workbench.architectures.model_types import Architecture, architectures
+from workbench.architectures.tiny_config import tiny_config
+
+# healthy tiny checkpoints outside the family matrix that once drew false alarms: VLMs saved without a processor
+# (PaliGemma, Idefics3, Qwen2.5-VL), a speech seq2seq model (Whisper), an MLA/MoE model whose router keeps an fp32
+# buffer on purpose (DeepSeek-V3), BART's final_logits_bias, a DeBERTa-v2 classifier; and plain decoders beside them
+SAMPLE = ("paligemma", "idefics3", "qwen2_5_vl", "whisper", "deepseek_v3", "bart", "deberta-v2", "phi3", "gemma3",
+          "qwen3_moe", "mistral", "blip")
+
+
+def _config(model_type):
+    from transformers import CONFIG_MAPPING
+
+    return tiny_config(type(CONFIG_MAPPING[model_type]()))
+
+
+def test_tiny_configs_shrink_every_level_and_keep_what_the_sizes_derive():
+    deepseek = _config("deepseek_v3")
+    assert (deepseek.hidden_size, deepseek.num_hidden_layers, deepseek.n_routed_experts) == (64, 2, 4)
+    assert deepseek.head_dim == deepseek.qk_rope_head_dim  # MLA: rotary part sizes head_dim
+    qwen = _config("qwen2_5_vl")
+    text = qwen.text_config
+    assert text.hidden_size == 64 and qwen.vision_config.depth == 2 and qwen.vision_config.out_hidden_size == 64
+    half_head = (text.hidden_size // text.num_attention_heads) // 2
+    assert sum(text.rope_parameters["mrope_section"]) == half_head  # [16, 24, 24] rescaled
+    whisper = _config("whisper")
+    assert (whisper.d_model, whisper.encoder_layers, whisper.num_mel_bins) == (64, 2, 80)  # audio input kept
+    assert _config("llama").vocab_size == 256
+    assert _config("qwen2_5_vl").text_config.vocab_size > qwen.image_token_id  # a special id keeps its row
+
+
+def test_the_census_covers_every_auto_mapped_type_with_the_head_people_fine_tune():
+    archs = {a.model_type: a for a in architectures()}
+    assert len(archs) >= 300
+    assert archs["whisper"].head == "speech_seq2seq" and archs["bert"].head == "seq_cls"
+    assert archs["llama"].head == "causal_lm" and archs["qwen2_5_vl"].head == "image_text_to_text"
+    assert archs["bart"].head == "seq2seq_lm"
+
+
+def test_records_not_built_under_plain_carry_their_reason_to_every_setup():
+    arch = Architecture("x", "causal_lm", "XForCausalLM")
+    records = finalized([record_for(arch, "plain", None, [], "ValueError: bad sizes", 1.0),
+                         record_for(arch, "qlora", None, [], None, 1.0)])
+    assert [r["built"] for r in records] == [False, False]
+    assert records[1]["reason"] == "not built: ValueError: bad sizes"
+    assert summary(records)["built"] == 0 and "| x | XForCausalLM | not built" in markdown(records, {})
+
+
+@pytest.mark.slow
+def test_a_sample_of_architectures_is_built_and_clean_under_plain_and_qlora(tmp_path):
+    records = finalized(run_census(("plain", "qlora"), list(SAMPLE), tmp_path))
+    assert {(r["model_type"], r["setup"]) for r in records} == {(t, s) for t in SAMPLE for s in ("plain", "qlora")}
+    unbuilt = [(r["model_type"], r["reason"]) for r in records if not r["built"]]
+    assert unbuilt == []
+    alarms = [(r["model_type"], r["setup"], p["id"], p["verdict"], p["title"]) for r in records for p in r["problems"]]
+    assert alarms == []
+    forward = {r["verdicts"]["forward.scenarios"] for r in records}
+    assert forward == {"pass"}
