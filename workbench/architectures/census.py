@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench.architectures.known_incompatibilities import known_incompatibility
+
 SETUPS = ("plain", "qlora")
 TIMEOUT_S = 180
 FALSE_ALARM = ("fail", "error", "warn")
@@ -50,6 +52,7 @@ def record_for(arch, setup: str, folder: Path | None, findings: list, build_erro
         record["verdicts"] = {k: v for k, v in record["verdicts"].items() if k not in _FORWARD_CHECKS}
         return record
     record["built"] = True
+    record["reason"] = known_incompatibility(arch.model_type, setup) if record["problems"] else None
     if no_batch is not None:
         record["problems"].insert(0, {"id": "forward.*", "verdict": "error", "title": NO_BATCH,
                                       "detail": no_batch.detail[:400]})

@@ -33,10 +33,11 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     built = sorted({r["model_type"] for r in records if r["built"] and r["setup"] == "plain"})
     setups = list(dict.fromkeys(r["setup"] for r in records))
     clean = {s: sum(1 for r in records if r["setup"] == s and r["built"] and not r["problems"]) for s in setups}
-    alarms = [r for r in records if r["built"] and r["problems"]]
+    alarms = [r for r in records if r["built"] and r["problems"] and not r["reason"]]
+    known = [r for r in records if r["built"] and r["problems"] and r["reason"]]
     return {"architectures": len(types), "built": len(built),
             "built_share": round(len(built) / len(types), 3) if types else 0.0,
-            "clean": clean, "records_with_problems": len(alarms),
+            "clean": clean, "records_with_problems": len(alarms), "known_incompatibilities": len(known),
             "problems_by_check": _count(p["id"] + " " + p["verdict"] for r in alarms for p in r["problems"])}
 
 
@@ -74,11 +75,16 @@ def markdown(records: list[dict[str, Any]], versions: dict[str, str]) -> str:
              f"- architectures: **{s['architectures']}**; built (saved, loaded, one forward on a batch the workbench "
              f"built): **{s['built']}** ({s['built_share']:.0%})",
              *(f"- clean under `{x}` (no fail, error or warn): **{n}** of {s['built']}" for x, n in s["clean"].items()),
-             f"- records with a fail / error / warn: **{s['records_with_problems']}**", ""]
+             f"- records with a fail / error / warn: **{s['records_with_problems']}**; real incompatibilities of the "
+             f"stack: **{s['known_incompatibilities']}**", ""]
     if s["problems_by_check"]:
         lines += ["| finding | records |", "|---|---|",
                   *(f"| `{k}` | {v} |" for k, v in s["problems_by_check"].items()), ""]
-    problems = [r for r in records if r["built"] and r["problems"]]
+    known = [r for r in records if r["built"] and r["problems"] and r["reason"]]
+    if known:
+        lines += ["## Real incompatibilities of the stack (not false alarms)", "", "| model type | set-up | reason |",
+                  "|---|---|---|", *(f"| {r['model_type']} | {r['setup']} | {_md(r['reason'])} |" for r in known), ""]
+    problems = [r for r in records if r["built"] and r["problems"] and not r["reason"]]
     if problems:
         lines += ["## Built, with a fail / error / warn", "", "| model type | set-up | finding | title |",
                   "|---|---|---|---|"]

@@ -52,7 +52,10 @@ def predicted_tensors(config, quant: str, dtype: torch.dtype | None = None) -> t
         else:
             kept = (torch.float32 if keep_fp32(name) else dtype) if p.dtype.is_floating_point else p.dtype
             tensors.append(PredictedTensor(name, "parameter", kept, p.numel()))
-    tensors += [PredictedTensor(name, "buffer", b.dtype, b.numel()) for name, b in skeleton.named_buffers()]
+    # buffers as the skeleton holds them, but those `_keep_in_fp32_modules(_strict)` names (DeepSeek-V3's router
+    # e_score_correction_bias): from_pretrained keeps buffers and parameters alike in fp32 there
+    tensors += [PredictedTensor(name, "buffer", torch.float32 if b.is_floating_point() and keep_fp32(name) else b.dtype,
+                                b.numel()) for name, b in skeleton.named_buffers()]
     return skeleton, tensors
 
 

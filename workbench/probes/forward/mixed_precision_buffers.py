@@ -93,6 +93,8 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
                for off in off_compute_dtype(model, compute, kinds=("buffer",))]
     buffers.sort(key=lambda b: (b["rotary"], not b["module_frozen"], b["buffer"]))  # frozen modules first
     inputs, how = target_inputs(model, target)  # a batch the model accepts, or BatchNotAccepted: an `error`
+    # FSDP2's MixedPrecisionPolicy casts floating forward inputs to param_dtype too (cast_forward_inputs=True)
+    inputs = {k: v.to(compute) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
     saved: dict[nn.Parameter, torch.dtype] = {}
     was_training = model.training
     try:
