@@ -194,12 +194,16 @@ def _c(id: str, nb: str, question: str, detail: str, **verdicts: str) -> Check:
 CHECKS: tuple[Check, ...] = (
     _c("adapter.weights", "00_saved_files",
        "Is the adapter file itself trained: not empty (tensors of shape [0], what ZeRO-3 saves ungathered), not a "
-       "no-op (every lora_B zero), free of NaN/inf; the update norm ‖B·A‖·scaling per module?",
+       "no-op (every lora_B zero), free of NaN/inf, no component left untrained; the update norm ‖B·A‖·scaling per "
+       "module?",
        "the adapter file alone (`safetensors.safe_open`, never `torch.load`): no tensors or tensors of shape `[0]` "
        "(ZeRO-3 saved without gathering); every `lora_B` exactly zero (LoRA's init: never trained); NaN/inf per "
-       "tensor; per module `‖B·A‖_F · scaling` (lora_alpha / r, √r with rsLoRA, `alpha_pattern`) computed from two "
-       "r×r products, as a table and a bar plot coloured by component, modules that never moved named",
-       **{"pass": "trained and finite (the table and plot of update norms)",
+       "tensor; modules whose `lora_B` is still exactly zero counted per component (a whole component, e.g. a VLM's "
+       "vision tower trained on text-only batches, or ≥ 25 % of the modules: warn); per module `‖B·A‖_F · scaling` "
+       "(lora_alpha / r, √r with rsLoRA, `alpha_pattern`) computed from two r×r products, as a table and a bar plot "
+       "coloured by component, modules that never moved named",
+       **{"pass": "trained and finite (the table and plot of update norms); a few modules that never moved named",
+          "warn": "a whole component, or a quarter of the adapted modules or more, never moved (lora_B zero)",
           "fail": "empty, no-op or non-finite",
           "skip": "no adapter"}),
     _c("adapter.targets", "00_saved_files",
@@ -208,11 +212,16 @@ CHECKS: tuple[Check, ...] = (
        "`target_modules` (list, regex, `all-linear` expanded by PEFT's own `_maybe_include_all_linear_layers`) "
        "matched by PEFT's `check_target_module_exists` (with `exclude_modules`, `layers_to_transform`, "
        "`modules_to_save`) on every module of a meta skeleton of the base: matches per component (vision / language "
-       "/ projector / head), their types, saved LoRA tensors naming modules the base lacks or not fitting their "
-       "shapes, modules PEFT cannot wrap, `modules_to_save` found or not",
+       "/ projector / head), their types, each list entry (or a regex's `(a|b)` alternative) alone — one that "
+       "matches nothing while others do is dropped by PEFT without a word (Phi-3's fused `qkv_proj` / "
+       "`gate_up_proj`, LLaMA-Factory #4020) —, saved LoRA tensors naming modules the base lacks or not fitting "
+       "their shapes, modules PEFT cannot wrap, `modules_to_save` found or not; fixes are built from the base's "
+       "own adaptable leaf names per component and its component paths",
        **{"info": "the matches per component",
-          "warn": "reaches the vision tower, a convolution or the head",
-          "fail": "the adapter cannot apply (matches nothing, names missing modules, shapes differ)",
+          "warn": "entries that match nothing (no matched module plays their role), modules_to_save naming a "
+                  "module the base lacks, or a reach into the vision tower, a convolution, the head or an "
+                  "nn.MultiheadAttention's own layers",
+          "fail": "the adapter cannot apply (matches nothing, its weights name missing modules, shapes differ)",
           "error": "the base's skeleton cannot be built",
           "skip": "no adapter"}),
     _c("tokenizer.vocab", "00_saved_files",
@@ -232,11 +241,15 @@ CHECKS: tuple[Check, ...] = (
        "Are pad, EOS and BOS right for training and generation: a pad token distinct from EOS, the chat template's "
        "end-of-turn token in generation's eos_token_id, BOS added once?",
        "a two-turn conversation rendered with the checkpoint's own chat template: the first special token after the "
-       "assistant's text (the end of turn) against `generation_config.json`'s `eos_token_id` (else config.json's), "
-       "the encoded text's first ids for a doubled BOS (template BOS + the tokenizer's), pad missing or equal to EOS",
+       "assistant's text (the end of turn) against `generation_config.json`'s `eos_token_id` (else config.json's); "
+       "the first ids of the rendered text encoded by `tokenizer(text)` against "
+       "`apply_chat_template(tokenize=True)` for a doubled BOS (template BOS + the tokenizer's: the official "
+       "Llama-3 / Gemma 3 layout, transformers #37686) — a trap only for code that renders then encodes, since "
+       "`apply_chat_template(tokenize=True)`, trl's path for conversational rows, adds no second BOS; notebook 07's "
+       "`data.template` counts the batched rows that start with BOS twice; pad missing or equal to EOS",
        **{"pass": "consistent",
-          "warn": "no pad token, or pad = EOS",
-          "fail": "end of turn not an EOS for generation, or a doubled BOS",
+          "warn": "no pad token, pad = EOS, or render-then-encode doubles BOS (the real batches: data.template)",
+          "fail": "end of turn not an EOS for generation",
           "error": "the tokenizer does not load",
           "skip": "no tokenizer files"}),
     _c("config.tied_embeddings", "00_saved_files",
@@ -384,11 +397,14 @@ CHECKS: tuple[Check, ...] = (
        "every recipe (and the original base as a reference row) on the evaluation set: greedy answers parsed (`[x1, "
        "y1, x2, y2]` or Qwen2-VL's `(x1,y1),(x2,y2)`), the grounding table (Mean IoU, Det rate, IoU>0.5, IoU>0.7) plus "
        "exact match and teacher-forced loss / token accuracy from a metric registry; best recipe and its gain over "
-       "the base; per-sample failures (parse errors, exceptions, unreadable dataset rows) kept and shown",
+       "the base; per-sample failures (parse errors, exceptions, unreadable dataset rows) kept and shown; a recipe "
+       "whose head cannot answer an image and a question (a classifier, a bare encoder, a text-only LM: "
+       "`workbench.model.heads`) is loaded and measured but not scored, its reason named",
        **{"pass": "every recipe evaluated",
           "warn": "a recipe could not load, or every sample raised",
           "error": "no recipe could, or the dataset has no usable row",
-          "skip": "no dataset"}),
+          "skip": "no dataset, or no recipe's head can be scored by these metrics (the reason and the class "
+                  "named)"}),
     _c("eval.memory", "05_evaluation",
        "Is memory freed between recipes: peak per recipe, and what is still held after freeing?",
        "each recipe loaded alone, freed before the next (gc; `empty_cache` + `synchronize` on CUDA); peak memory per "
@@ -442,17 +458,23 @@ CHECKS: tuple[Check, ...] = (
           "skip": "not asked, or fully_shard refuses a quantized model"}),
     _c("data.labels", "07_data_path",
        "In the batches your run builds, which rows supervise nothing (every label -100: loss 0 or NaN), which "
-       "supervise no token of their answer, which supervise the prompt when the run means answer-only loss?",
+       "supervise no token of their answer, which have a blank answer, which supervise the prompt when the run means "
+       "answer-only loss?",
        "every row of the batches your run builds (your Trainer's collator, or trl's preparation and collator), "
        "padding removed: rows whose labels are all -100 (nothing supervised: loss 0, or NaN for a batch of them — "
        "trl #1191, unsloth #1128), rows where no token of the answer (after the last assistant header, or the "
-       "completion) is supervised, prompt tokens supervised when the run means completion-only / assistant-only "
+       "completion) is supervised, blank answers (the answer's supervised tokens only end-of-turn / EOS and "
+       "whitespace: an empty completion or assistant message teaches the model to answer with EOS alone — unsloth "
+       "#2515, OpenRLHF #985), prompt tokens supervised when the run means completion-only / assistant-only "
        "loss, rows trl drops for having nothing to supervise; each category with its share and the rows named. The "
-       "prompt's -100 under answer-only loss and padding's -100 are by design",
-       **{"pass": "every answer supervised, prompts masked",
-          "info": "whole-sequence loss: prompts supervised by design",
-          "warn": "prompts supervised under answer-only loss, or < 1 % of rows dropped by trl as unsupervised",
-          "fail": "rows with nothing supervised (batched, or ≥ 1 % dropped by trl), or answers unsupervised (rows named)",
+       "prompt's -100 under answer-only loss and padding's -100 are by design; rows whose answer max_length cut away "
+       "entirely are counted and left to `data.truncation`",
+       **{"pass": "every answer supervised, none blank, prompts masked",
+          "info": "whole-sequence loss: prompts supervised by design; or answers lost to max_length (data.truncation's)",
+          "warn": "prompts supervised under answer-only loss, or < 1 % of rows dropped by trl as unsupervised or with a "
+                  "blank answer",
+          "fail": "rows with nothing supervised (batched, or ≥ 1 % dropped by trl), answers unsupervised, or ≥ 1 % of "
+                  "rows with a blank answer (rows named)",
           "skip": "no --data"}),
     _c("data.eos", "07_data_path",
        "Is the end-of-turn / EOS token a supervised label in every row that reaches a batch whole?",
@@ -481,8 +503,8 @@ CHECKS: tuple[Check, ...] = (
        "batched rows that start with BOS twice (a template that renders `{{ bos_token }}` + a tokenizer that adds "
        "BOS: transformers #37686 — the case of rows stored already rendered); on the first 64 conversational rows, "
        "`apply_chat_template(tokenize=False)` then `tokenizer(text)` against `apply_chat_template(tokenize=True)`, "
-       "the first differing position shown; special-token strings written into the raw text (messages, prompt, "
-       "completion). A tokenizer without BOS cannot double it",
+       "the first differing position shown; special-token strings written into the rows' own text (messages, prompt, "
+       "completion as written, before trl appends the EOS text). A tokenizer without BOS cannot double it",
        **{"pass": "template, tokenizer and text agree (no BOS at all cannot double)",
           "warn": "render-then-encode differs, or special tokens in the text (rows named)",
           "fail": "batched rows start with BOS twice",

@@ -7,9 +7,10 @@ The caller says which checks the probe answers (a notebook step's `reports`, fro
 raises, each of them gets an `error` finding with the traceback and `run` returns a `Failed` that displays the
 error and keeps the exception; in interactive use it is also left where `%debug` looks (`sys.last_exc` /
 `sys.last_traceback`). A probe handed a `Failed` is not called, and its checks get an `error` naming the step and
-the checks it depended on. In the catalog's notebooks and the panel, a finding whose id neither the catalog nor the
-caller declares is refused. The sidecar is rewritten after every probe, so a kernel that dies still leaves what was
-found.
+the checks it depended on. A probe that raises `NotApplicable` (a set-up for another kind of model) gives its checks,
+and those of every step that needs it, a `skip` with its reason instead. In the catalog's notebooks and the panel, a
+finding whose id neither the catalog nor the caller declares is refused. The sidecar is rewritten after every probe,
+so a kernel that dies still leaves what was found.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Callable
 
 from workbench.catalog import CHECK_IDS, NOTEBOOKS
 from workbench.display.result import Displayable
+from workbench.errors import NotApplicable
 from workbench.findings import Finding, sort_findings, write_json_atomic
 
 
@@ -34,6 +36,7 @@ class Failed(Displayable):
     traceback: str = ""
     exception: BaseException | None = dataclasses.field(default=None, repr=False, compare=False)
     checks: tuple[str, ...] = ()
+    skipped: bool = False  # it does not apply (NotApplicable): its checks and its dependents' say skip
 
     @property
     def named(self) -> str:
@@ -49,6 +52,8 @@ class Failed(Displayable):
     def view(self):
         from workbench.display.nodes import Bold, Box, Code, Details, Display, Inline, Pre
 
+        if self.skipped:
+            return Display(Box("#616161", "#f5f5f5", Inline(Bold(f"{self.named} does not apply"), f": {self.message}")))
         debug = self.exception is not None
         hint = Inline(" · ", Code("%debug"), " opens the debugger at the failure") if debug else None
         return Display(Box("#7b1fa2", "#f3e5f5", Inline(Bold(f"{self.named} could not run"), f": {self.message}", hint),
@@ -92,7 +97,13 @@ class FindingsRecorder(Displayable):
         self.declared.update(checks)
         failed_inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, Failed)]
         if failed_inputs:
-            dep = failed_inputs[0]
+            dep = next((f for f in failed_inputs if not f.skipped), failed_inputs[0])
+            if dep.skipped:  # a check an earlier step already answered (03's attribute chain) keeps its answer
+                answered = {f.id for f in self.findings}
+                self.add(*(Finding(c, "skip", dep.exception.title if isinstance(dep.exception, NotApplicable)
+                                   else f"{c} does not apply", dep.message, {"depends_on": dep.step})
+                           for c in checks if c not in answered))
+                return Failed(step, dep.message, exception=dep.exception, checks=checks, skipped=True)
             msg = f"depends on step {dep.named}, which could not run ({dep.message})"
             self.add(*(Finding(c, "error", f"{c} could not run", msg,
                                {"depends_on": dep.step, "depends_on_checks": list(dep.checks)},
@@ -100,6 +111,9 @@ class FindingsRecorder(Displayable):
             return Failed(step, msg, checks=checks)
         try:
             result = func(*args, **kwargs)
+        except NotApplicable as exc:
+            self.add(*(Finding(c, "skip", exc.title, str(exc), {"step": step}) for c in checks))
+            return Failed(step, str(exc), exception=exc, checks=checks, skipped=True)
         except Exception as exc:  # noqa: BLE001 - a crashing probe is an error finding, not a dead notebook
             self.add(*(Finding.from_exception(c, exc) for c in checks))
             if self.interactive:  # where IPython's %debug and %tb look for the last exception

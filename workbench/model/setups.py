@@ -21,10 +21,10 @@ import torch
 
 from workbench.display.nodes import Code, Display, Paragraph
 from workbench.display.result import Displayable
-from workbench.errors import UsageError
+from workbench.errors import NotApplicable, UsageError
 from workbench.model.bnb_cpu_layout import keep_training_layout, packed_for_cpu_inference
-from workbench.model.heads import PEFT_TASK_TYPES, head_kind
-from workbench.model.loading import load_pretrained, load_processor, parse_dtype
+from workbench.model.heads import DESCRIPTIONS, PEFT_TASK_TYPES, head_kind, head_of_class
+from workbench.model.loading import auto_config, load_pretrained, load_processor, model_class_for, parse_dtype
 from workbench.model.memory import check_fits
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -47,6 +47,10 @@ def lora_config_for(model, **overrides):
         options["target_modules"] = "all-linear"
         if head in ("seq_cls", "token_cls"):
             options["exclude_modules"] = [n for n in ("classifier", "score") if n in names] or None
+    if getattr(model, "main_input_name", "input_ids") != "input_ids":
+        # a speech model (input_features): PeftModelForSeq2SeqLM passes input_ids on to the decoder, which then
+        # gets it twice (peft #1988); PEFT's own Whisper examples set no task type
+        options["task_type"] = None
     options.update(overrides)
     return LoraConfig(**options)
 
@@ -80,7 +84,10 @@ def qlora(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **op
     from peft import PeftModel, prepare_model_for_kbit_training
 
     model = _load(checkpoint, quant="4bit" if quant == "none" else quant, **options)
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+    # gradient checkpointing where the class supports it: peft's default (True) raises "does not support
+    # activation checkpointing" for the classes that set supports_gradient_checkpointing = False (ALBERT, BROS, ...)
+    model = prepare_model_for_kbit_training(
+        model, use_gradient_checkpointing=bool(getattr(model, "supports_gradient_checkpointing", False)))
     if adapter:
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
     return add_fresh_lora(model)
@@ -110,16 +117,35 @@ def qlora_trl_legacy(checkpoint: str, adapter: str | None = None, quant: str = "
     return legacy_trl_bf16_casting(qlora(checkpoint, adapter=adapter, quant=quant, **options))
 
 
+SFT_HEADS = ("causal_lm", "image_text_to_text")  # what trl's SFTTrainer builds: AutoModelFor{CausalLM,ImageTextToText}
+
+
+def sft_not_applicable(model_class: str, head: str) -> NotApplicable:
+    return NotApplicable(
+        f"the sft set-up builds trl's SFTTrainer, which trains causal LMs (and image-text-to-text models): this "
+        f"checkpoint is {model_class} — {DESCRIPTIONS.get(head, head)}. Diagnose it with --setup plain, or with your "
+        "own set-up (--setup module:function) that prepares it as your training script does (a transformers "
+        "Trainer for a classifier or an encoder, Seq2SeqTrainer for an encoder-decoder).",
+        title=f"The sft set-up does not apply to {model_class} ({DESCRIPTIONS.get(head, head)})")
+
+
 def sft(checkpoint: str, adapter: str | None = None, quant: str = "none", **options: Any):
     """What trl's SFTTrainer hands its training loop: a real SFTTrainer is constructed on a one-row dataset and
-    its `.model` returned, so trl's own PEFT / k-bit / gradient-checkpointing preparation is what runs."""
+    its `.model` returned, so trl's own PEFT / k-bit / gradient-checkpointing preparation is what runs. Another head
+    than SFTTrainer's (a classifier, an encoder, T5) raises NotApplicable: the checks that need the model say skip."""
     import tempfile
 
     from datasets import Dataset
     from peft import PeftModel
     from trl import SFTConfig, SFTTrainer
 
+    model_class = model_class_for(auto_config(checkpoint, trust_remote_code=options.get("trust_remote_code", False)))
+    head = head_of_class(model_class)  # None for remote code: read from the loaded model below
+    if head is not None and head not in SFT_HEADS:
+        raise sft_not_applicable(model_class.__name__, head)
     model = _load(checkpoint, quant=quant, **options)
+    if head is None and head_kind(model) not in SFT_HEADS:
+        raise sft_not_applicable(type(model).__name__, head_kind(model))
     processing = load_processor(checkpoint)
     tokenizer = getattr(processing, "tokenizer", processing)
     if tokenizer is None:

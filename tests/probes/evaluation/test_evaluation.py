@@ -157,9 +157,11 @@ def test_a_recorded_hub_id_that_is_not_cached_is_unverifiable_not_an_error(demo,
 def test_a_dataset_with_no_usable_row_is_an_error_not_a_pass(demo, tmp_path):
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "data.jsonl").write_text("{broken\n")
-    target = wb.resolve_target(str(demo.llama), params={"eval_dataset": str(tmp_path / "ds")})
+    # the demo's VLM, which the metrics can score (a text-only model is a skip: test_heads.py)
+    target = wb.resolve_target(str(demo.qwen_base), params={"eval_dataset": str(tmp_path / "ds")})
     report = evaluate_recipes(recipes_for(target), target)
-    assert verdict(report, "eval.metrics").verdict == "error"
+    metrics = verdict(report, "eval.metrics")
+    assert metrics.verdict == "error" and "no usable row" in metrics.title
 
 
 def test_recipe_paths_are_relative_to_the_recipes_file_not_the_working_folder(tmp_path, monkeypatch):

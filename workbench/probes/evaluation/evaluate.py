@@ -6,7 +6,9 @@ is matched to the base it was trained on (lineage), its placement is read before
 generates an answer per sample (greedy, `batch_size` samples at a time), parsed and scored by the metric registry (`workbench.probes.evaluation.metrics`), and
 teacher-forced loss / token accuracy are measured on the reference answers. Peak memory per recipe (CUDA max
 allocated on a GPU, resident set on the CPU) and what was not returned after freeing are recorded. A recipe that
-cannot be loaded is an error row with its reason; the others still evaluate.
+cannot be loaded is an error row with its reason; the others still evaluate. The metrics score generated answers
+to an image and a question: a recipe whose head cannot give one (a classifier, a bare encoder, a text-only LM) is
+loaded and measured but not scored, and `eval.metrics` says skip with that reason when no recipe can be scored.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from workbench.display.nodes import Bold, Code, Details, Display, Heading, Parag
 from workbench.display.result import ProbeResult
 from workbench.errors import UsageError
 from workbench.findings import Finding, verdict_rank
+from workbench.model.components import unwrap_model
+from workbench.model.heads import DESCRIPTIONS, GENERATES, head_kind
 from workbench.model.inputs import load_vlm_parts
 from workbench.model.loading import load_pretrained, parse_dtype
 from workbench.model.memory import free_memory
@@ -39,6 +43,7 @@ from workbench.tasks.grounding import read_dataset
 
 GROWTH_FLOOR = 64 * 1024**2  # memory not returned after a recipe is flagged above this (and half its model)
 RANKING = ("mean_iou", "exact_match", "token_accuracy")  # the first metric with values ranks the recipes
+SCORED_HEADS = frozenset({"image_text_to_text"})  # the evaluation set feeds an image and a question
 
 
 def rss_bytes() -> int:
@@ -74,6 +79,9 @@ class RecipeOutcome:
     placement: PlacementResult | None = None
     memory: dict[str, int | float] = dataclasses.field(default_factory=dict)
     error: str | None = None
+    head: str | None = None  # workbench.model.heads kind of the loaded model
+    model_class: str | None = None
+    unscorable: str | None = None  # why the metrics cannot score this head (it was loaded, not evaluated)
 
 
 def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcome: RecipeOutcome, shared=None):
@@ -146,7 +154,10 @@ def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: 
         model, tokenizer, image_processor = _load(recipe, reference, options, outcome, shared)
         peak.append(in_use_bytes())
         outcome.memory["model_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-        if rows and (tokenizer is None or image_processor is None):
+        outcome.head, outcome.model_class, outcome.unscorable = head_of(model)
+        if outcome.unscorable:
+            pass  # loaded and measured (eval.memory, placement.offload); the metrics do not apply to its head
+        elif rows and (tokenizer is None or image_processor is None):
             outcome.error = f"{outcome.base} ships no tokenizer and image processor to build inputs with"
         elif rows:
             def sample_done(done, total, record):
@@ -167,6 +178,19 @@ def evaluate_recipe(recipe: Recipe, rows: list, reference: str | None, options: 
     outcome.memory.update({"before": before, "peak": peak_bytes, "after_free": in_use_bytes(),
                            "seconds": round(time.perf_counter() - start, 2)})
     return outcome
+
+
+def head_of(model) -> tuple[str, str, str | None]:
+    """(head kind, model class, why the metrics cannot score it or None)."""
+    head = head_kind(model)
+    name = type(unwrap_model(model)[0]).__name__
+    if head in SCORED_HEADS:
+        return head, name, None
+    what = f"this model is {name} — {DESCRIPTIONS.get(head, head)}"
+    if head not in GENERATES:
+        return head, name, f"generation metrics need a generative head; {what}, which generates no text"
+    return head, name, (f"the evaluation set asks about an image (grounding: image + question → box), so its "
+                        f"metrics need an image-text-to-text model; {what}, which takes no image")
 
 
 @dataclasses.dataclass(repr=False)
@@ -190,6 +214,8 @@ class EvaluationResult(ProbeResult):
                         "n": s.get("scored"), "failed": (s.get("errors", {}).get("exception", 0)
                                                           + s.get("errors", {}).get("parse", 0)) if s else None,
                         "error": o.error or ""})
+            if o.unscorable:
+                row["not scored"] = o.unscorable
             rows.append(row)
         return rows
 
@@ -215,16 +241,25 @@ class EvaluationResult(ProbeResult):
     def _metrics_finding(self) -> Finding:
         evidence = {"dataset": self.dataset, "rows": self.dataset_rows, "unreadable_rows": self.unreadable_rows[:20],
                     "recipes_file": self.source, "table": self.table(),
+                    "heads": {o.name: {"head": o.head, "model_class": o.model_class} for o in self.outcomes if o.head},
                     "failures": {o.name: [r.to_dict() for r in o.records if r.error][:10] for o in self.outcomes}}
+        unscorable = [o for o in self.outcomes if o.unscorable]
+        candidates = [o for o in self.outcomes if not o.unscorable]  # scorable, or not loaded (head unknown)
+        not_scored = "".join(f" {o.name} is not scored: {o.unscorable}." for o in unscorable)
+        if unscorable and not candidates:
+            return Finding("eval.metrics", "skip", f"Not scored: {unscorable[0].unscorable}",
+                           "; ".join(f"{o.name}: {o.unscorable}" for o in unscorable) + ". The recipes were loaded "
+                           "and measured (eval.memory, placement.offload) but not scored: the metrics score "
+                           "generated answers to an image and a question, which this head cannot give.", evidence)
         if not self.dataset:
             return Finding("eval.metrics", "skip", "No evaluation dataset",
-                           "Recipes were loaded and checked (lineage, placement, memory) but not scored.", evidence,
-                           "Set eval_dataset in --params (a folder with data.jsonl and images), or dataset: in the "
-                           "recipes file.")
-        broken = [o for o in self.outcomes if o.error]
-        if len(broken) == len(self.outcomes):
+                           "Recipes were loaded and checked (lineage, placement, memory) but not scored." + not_scored,
+                           evidence, "Set eval_dataset in --params (a folder with data.jsonl and images), or "
+                           "dataset: in the recipes file.")
+        broken = [o for o in candidates if o.error]
+        if len(broken) == len(candidates):
             return Finding("eval.metrics", "error", "No recipe could be evaluated",
-                           "; ".join(f"{o.name}: {o.error}" for o in broken[:5]), evidence,
+                           "; ".join(f"{o.name}: {o.error}" for o in broken[:5]) + "." + not_scored, evidence,
                            "Fix the recipe paths / bases named above.")
         best, reference, metric = self.best()
         all_failed = [o for o in self.outcomes if o.summary and o.summary["scored"] and
@@ -249,11 +284,12 @@ class EvaluationResult(ProbeResult):
             f"{o.name}: every sample raised ({o.records[0].error if o.records else ''})" for o in all_failed]
         if problems:
             return Finding("eval.metrics", "warn", f"{len(problems)} recipe(s) not evaluated properly; {headline}",
-                           "; ".join(problems[:6]), evidence,
+                           "; ".join(problems[:6]) + "." + not_scored, evidence,
                            "A 0 % row is a loading problem before it is a model problem: see adapter.base_model and "
                            "placement.offload for that recipe.")
         return Finding("eval.metrics", "pass", headline[0].upper() + headline[1:],
-                       f"{len(self.outcomes)} model(s) on {self.dataset_rows} sample(s) of {self.dataset}.", evidence)
+                       f"{len(candidates)} model(s) on {self.dataset_rows} sample(s) of {self.dataset}." + not_scored,
+                       evidence)
 
     def _memory_finding(self) -> Finding:
         rows = [{"recipe": o.name, **o.memory} for o in self.outcomes]

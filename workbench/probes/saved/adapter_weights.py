@@ -5,6 +5,10 @@
 - no-op: every `lora_B` exactly zero. LoRA initialises `lora_A` at random and `lora_B` at zero, so an adapter that
   never trained (or whose gradients never reached it) is exactly that (alpaca-lora #357, unsloth #2142);
 - NaN / inf anywhere;
+- part of it never moved: a whole component whose every lora_B is zero while the others moved (a VLM trained on
+  text-only batches never runs its vision tower), or a quarter of the adapted modules or more. Fewer, inside a
+  component that did move, stay a pass named in the text (LLaVA's last CLIP layer, unused under
+  vision_feature_layer=-2, gets no gradient by design);
 - per adapted module, the norm of the update it adds, ‖B·A‖_F · scaling (scaling = lora_alpha / r, or / √r with
   rsLoRA), as a table and a plot: a component whose modules never moved stands out.
 
@@ -24,6 +28,7 @@ from workbench.probes.saved.files import SavedFiles, adapter_module
 
 CHECK = "adapter.weights"
 A_PARTS = ("lora_A", "lora_embedding_A")
+STILL_SHARE = 0.25  # never-moved modules from this share of the adapter up: warn
 
 
 @dataclasses.dataclass
@@ -101,15 +106,42 @@ class AdapterWeightsResult(ProbeResult):
                             "> 0 and `any(p.grad is not None and p.grad.abs().sum() > 0 for n, p in "
                             "model.named_parameters() if 'lora_B' in n)` after one step (notebook 04's grad.flow).")]
         stood = self.never_moved
+        per = self.by_component()
         detail = (f"{len(self.modules)} adapted modules; largest update ‖B·A‖·scaling per component: "
-                  + ", ".join(f"{c} {r['update_norm_max']:.3g}" for c, r in self.by_component().items()))
+                  + ", ".join(f"{c} {r['update_norm_max']:.3g}" for c, r in per.items()))
+        evidence = {**evidence, "never_moved": [m.module for m in stood[:50]],
+                    "never_moved_per_component": {c: f"{r['never_moved']} of {r['modules']}" for c, r in per.items()}}
         if stood:
             comps = sorted({m.component for m in stood})
             detail += (f". {len(stood)} module(s) never moved (lora_B zero), in {', '.join(comps)}: "
                        + ", ".join(m.module for m in stood[:5]))
+        whole = [c for c, r in per.items() if r["never_moved"] == r["modules"]]  # others moved: not a no-op
+        share = len(stood) / len(self.modules) if self.modules else 0.0
+        if whole or share >= STILL_SHARE:
+            what = (f"the whole {' and '.join(whole)} component{'s' if len(whole) > 1 else ''} never moved"
+                    if whole else f"{share:.0%} of the adapted modules never moved")
+            counts = ", ".join(f"{c} {r['never_moved']} of {r['modules']}" for c, r in per.items())
+            return [Finding(CHECK, "warn", f"Part of the adapter never trained: {what} ({len(stood)} of "
+                            f"{len(self.modules)} modules, lora_B exactly zero)",
+                            f"{detail}. Never moved per component: {counts}. LoRA initialises lora_B at zero and "
+                            "any optimizer step with a gradient moves it, so these modules got no gradient (or no "
+                            "step) in the whole run: the adapter changes nothing there.", evidence,
+                            self._stood_fix(stood, whole))]
         return [Finding(CHECK, "pass", f"Adapter weights: {len(self.modules)} modules, all finite"
-                        + (f"; {len(stood)} never moved" if stood else ", every one moved"), detail,
-                        {**evidence, "never_moved": [m.module for m in stood[:50]]})]
+                        + (f"; {len(stood)} never moved" if stood else ", every one moved"), detail, evidence)]
+
+    def _stood_fix(self, stood: list[ModuleUpdate], whole: list[str]) -> str:
+        names = ", ".join(m.module for m in stood[:3]) + (f" (and {len(stood) - 3} more)" if len(stood) > 3 else "")
+        where = f"the {' and '.join(whole)} component" if whole else "these modules"
+        causes = [f"{where} off the forward path of the training batches"
+                  + (" (a VLM fine-tuned on text-only batches never runs its vision tower: give the batches images, "
+                     "or leave the tower out of target_modules)" if "vision" in whole else ""),
+                  "their parameters frozen after the adapter was added (`requires_grad=False`, or an optimizer "
+                  "built before get_peft_model)",
+                  "a learning rate of 0 for their parameter group, or a save before the first optimizer step"]
+        return (f"Find which cause holds for {names}: " + "; ".join(causes) + ". Run notebook 04's grad.flow with a "
+                "batch like the training batches: it names the adapted modules that get no gradient. If they are "
+                "not meant to train, drop them from target_modules.")
 
     # -- display --------------------------------------------------------------------------------------------------
     def table(self) -> list[dict[str, Any]]:
