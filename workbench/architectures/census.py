@@ -40,13 +40,12 @@ def record_for(arch, setup: str, folder: Path | None, findings: list, build_erro
                               "class_name": arch.class_name, "built": False, "reason": None, "verdicts": {},
                               "problems": [], "seconds": round(seconds, 1)}
     if build_error:
-        record["reason"] = f"not built: {build_error}"
+        record["reason"] = build_error if build_error.startswith("timed out") else f"not built: {build_error}"
         return record
     no_batch = next((f for f in findings if f.title == NO_BATCH), None)
     record["verdicts"] = {f.id: f.verdict for f in findings}
     record["problems"] = [{"id": f.id, "verdict": f.verdict, "title": f.title, "detail": f.detail[:400]}
-                          for f in findings if f.verdict in FALSE_ALARM and f is not no_batch
-                          and f.title != NO_BATCH]
+                          for f in findings if f.verdict in FALSE_ALARM and f.title != NO_BATCH]
     if no_batch is not None and setup == "plain":  # the tiny checkpoint runs no forward: not built
         record["reason"] = f"no batch runs the tiny checkpoint: {no_batch.detail[:400]}"
         record["verdicts"] = {k: v for k, v in record["verdicts"].items() if k not in _FORWARD_CHECKS}
@@ -57,6 +56,11 @@ def record_for(arch, setup: str, folder: Path | None, findings: list, build_erro
         record["problems"].insert(0, {"id": "forward.*", "verdict": "error", "title": NO_BATCH,
                                       "detail": no_batch.detail[:400]})
     return record
+
+
+class ArchitectureTimeout(BaseException):
+    """An architecture ran past TIMEOUT_S. A BaseException: the recorder turns a probe's Exception into an `error`
+    finding and goes on, which would swallow the alarm."""
 
 
 _FORWARD_CHECKS = ("grad.flow", "forward.mixed_precision_buffers", "forward.scenarios", "forward.dtype_flow")
@@ -75,7 +79,7 @@ def census_worker(setup: str, out: Path, parent: Path, only: list[str], skip: se
     os.environ["WORKBENCH_BATCH"] = "1"
 
     def timed_out(*_):
-        raise TimeoutError(f"took longer than {TIMEOUT_S} s")
+        raise ArchitectureTimeout(f"timed out: took longer than {TIMEOUT_S} s")
 
     signal.signal(signal.SIGALRM, timed_out)
     for arch in architectures():
@@ -91,14 +95,11 @@ def census_worker(setup: str, out: Path, parent: Path, only: list[str], skip: se
                 build_error = f"{type(exc).__name__}: {str(exc)[:300]}"
             if folder is not None:
                 findings = model_level_findings(folder, setup=setup)
-        except TimeoutError as exc:
-            build_error = build_error or str(exc)
-            findings = []
+        except ArchitectureTimeout as exc:  # no verdict: the record says so rather than keep half of them
+            build_error, findings = str(exc), []
         finally:
             signal.alarm(0)
         record = record_for(arch, setup, folder, findings, build_error, time.monotonic() - start)
-        if not findings and folder is not None and not build_error:
-            record["reason"] = "timed out"
         with out.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
 

@@ -88,9 +88,9 @@ def accepted_batch(model: nn.Module, target) -> AcceptedBatch:
     if cached is not None:
         return cached
     rejected: list[tuple[str, str]] = []
-    for inputs, how in candidate_inputs(model, target.model_dir, inputs_file=inputs_file):
-        if inputs is None:  # the builder could not build a batch: `how` says why
-            rejected.append((how.split(":", 1)[0], how.split(":", 1)[1].strip()))
+    for inputs, how, build_error in candidate_inputs(model, target.model_dir, inputs_file=inputs_file):
+        if inputs is None:  # the builder could not build a batch
+            rejected.append((how, build_error or ""))
             continue
         labeled = with_labels(model, inputs)
         error = _runs(model, labeled)

@@ -8,7 +8,7 @@ built (its video half imports torchvision).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 
 def load_vlm_parts(folder: str | Path) -> tuple[Any, Any]:
@@ -52,8 +52,16 @@ def processor_vlm_inputs(processor, image, text: str, image_token_id: int | None
     return dict(processor(images=[image], text=[f"{token} {text}"], return_tensors="pt"))
 
 
+class Candidate(NamedTuple):
+    """A batch that may fit the model and how it was made, or (inputs None) a builder that could not build one."""
+
+    inputs: dict | None
+    how: str
+    error: str | None = None  # why the builder could not build, when inputs is None
+
+
 def candidate_inputs(model, folder: str | Path, text: str = "What is in this image?",
-                     inputs_file: str | None = None) -> Iterator[tuple[dict | None, str]]:
+                     inputs_file: str | None = None) -> Iterator[Candidate]:
     """Batches that may fit the model, best first, each with how it was made (`workbench.model.batch` keeps the
     first the model accepts). The user's tensors (a safetensors file named by the parameters' `forward_inputs`)
     are the only candidate when given. Else, by the model's `main_input_name` and head: for a VLM, image + text
@@ -61,8 +69,8 @@ def candidate_inputs(model, folder: str | Path, text: str = "What is in this ima
     image-processor class transformers maps to the model type with the model's own image-token count, or the
     config's sizes (`workbench.model.multimodal_inputs`); for speech (`input_features`), the mapped feature
     extractor; then text through the checkpoint's tokenizer; then random token ids. A builder that cannot build
-    yields (None, why). Image and audio tensors come in the model's floating dtype. Labels are added separately
-    (`with_labels`), to fit the head."""
+    yields a Candidate without inputs, with its error. Image and audio tensors come in the model's floating
+    dtype. Labels are added separately (`with_labels`), to fit the head."""
     import torch
     from PIL import Image
 
@@ -82,21 +90,22 @@ def candidate_inputs(model, folder: str | Path, text: str = "What is in this ima
         return {k: (v.to(device, floating) if v.is_floating_point() else v.to(device)) if torch.is_tensor(v) else v
                 for k, v in inputs.items()}
 
-    def attempt(label: str, build) -> Iterator[tuple[dict | None, str]]:
-        """A builder's batch, or (None, why) when it cannot build one (recorded among the rejected)."""
+    def attempt(label: str, build) -> Iterator[Candidate]:
+        """A builder's batch, or a Candidate without inputs when it cannot build one (kept among the rejected)."""
         try:
             built = build()
         except Exception as exc:  # noqa: BLE001 - the next candidate is tried; the reason is kept
-            yield None, f"{label}: {type(exc).__name__}: {str(exc)[:200]}"
+            yield Candidate(None, label, f"{type(exc).__name__}: {str(exc)[:200]}")
             return
         if built is not None:
-            yield placed(built[0]), built[1]
+            yield Candidate(placed(built[0]), built[1])
 
     if inputs_file:
         from safetensors.torch import load_file
 
         inputs = load_file(inputs_file)
-        yield {k: v.to(device) for k, v in inputs.items()}, f"the tensors in {inputs_file} ({', '.join(inputs)})"
+        yield Candidate({k: v.to(device) for k, v in inputs.items()},
+                        f"the tensors in {inputs_file} ({', '.join(inputs)})")
         return
     tokenizer, image_processor = load_vlm_parts(folder)
     image = Image.new("RGB", (224, 224), color="red")
@@ -119,15 +128,15 @@ def candidate_inputs(model, folder: str | Path, text: str = "What is in this ima
     if getattr(inner, "main_input_name", "input_ids") == "input_features":
         yield from attempt("the mapped feature extractor", lambda: mm.speech_inputs(inner, config))
     if tokenizer is not None:
-        yield placed(dict(tokenizer([text], return_tensors="pt"))), "text through the checkpoint's tokenizer"
+        yield Candidate(placed(dict(tokenizer([text], return_tensors="pt"))), "text through the checkpoint's tokenizer")
     vocab = getattr(getattr(config, "text_config", config), "vocab_size", 100) or 100
     generator = torch.Generator().manual_seed(0)
-    yield placed({"input_ids": torch.randint(0, vocab, (1, 16), generator=generator)}), (
-        "16 random token ids" + ("" if tokenizer is not None else " (no tokenizer in the checkpoint)"))
+    yield Candidate(placed({"input_ids": torch.randint(0, vocab, (1, 16), generator=generator)}),
+                    "16 random token ids" + ("" if tokenizer is not None else " (no tokenizer in the checkpoint)"))
 
 
 def sample_inputs(model, folder: str | Path, text: str = "What is in this image?",
                   inputs_file: str | None = None) -> tuple[dict, str]:
     """The first batch of `candidate_inputs` that could be built (not run: `workbench.model.batch.accepted_batch`
     runs each candidate once and keeps the first the model accepts)."""
-    return next((inputs, how) for inputs, how in candidate_inputs(model, folder, text, inputs_file) if inputs is not None)
+    return next((c.inputs, c.how) for c in candidate_inputs(model, folder, text, inputs_file) if c.inputs is not None)

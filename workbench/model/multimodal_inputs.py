@@ -74,8 +74,9 @@ def image_text_batch(model, config, n_image: int, vision: dict[str, Any], genera
     return inputs
 
 
-def _mapped_class(mapping: dict, model_type: str):
-    """The first class of an auto-mapping entry that this install can build (PIL before torchvision variants)."""
+def _mapped_instance(mapping: dict, model_type: str):
+    """The first class of an auto-mapping entry that this install can build (PIL before torchvision variants),
+    built with its defaults (the original checkpoint's sizes and normalization)."""
     import transformers
 
     names = mapping.get(model_type)
@@ -85,20 +86,19 @@ def _mapped_class(mapping: dict, model_type: str):
         names = [names]
     for name in names or ():
         if name:
-            with contextlib.suppress(Exception):
-                cls = getattr(transformers, name)
-                cls()  # a class whose backend is missing raises here
-                return cls
+            with contextlib.suppress(Exception):  # a class whose backend is missing raises when built
+                return getattr(transformers, name)()
     return None
 
 
-def image_processor_class(config):
+def mapped_image_processor(config):
+    """The image processor transformers maps to the model type (else to its vision tower's), with its defaults."""
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
     for model_type in (config.model_type, getattr(getattr(config, "vision_config", None), "model_type", None)):
-        cls = _mapped_class(IMAGE_PROCESSOR_MAPPING_NAMES, model_type) if model_type else None
-        if cls is not None:
-            return cls
+        processor = _mapped_instance(IMAGE_PROCESSOR_MAPPING_NAMES, model_type) if model_type else None
+        if processor is not None:
+            return processor
     return None
 
 
@@ -120,10 +120,10 @@ def vlm_inputs_from_image_processor(model, config, image) -> tuple[dict, str] | 
     `get_image_features` (module docstring). None when no class is mapped or the model has no such method."""
     inner = unwrap_model(model)[0]
     image_token = token_id(config, "image_token_id", "image_token_index")
-    cls = image_processor_class(config)
-    if cls is None or image_token is None or not hasattr(inner, "get_image_features"):
+    processor = mapped_image_processor(config)
+    if processor is None or image_token is None or not hasattr(inner, "get_image_features"):
         return None
-    vision = dict(cls()(images=[image], return_tensors="pt"))
+    vision = dict(processor(images=[image], return_tensors="pt"))
     takes = set(inspect.signature(inner.get_image_features).parameters)
     device = next(inner.parameters()).device
     vision = {k: v.to(device) if hasattr(v, "to") else v for k, v in vision.items()}
@@ -145,22 +145,22 @@ def vlm_inputs_from_image_processor(model, config, image) -> tuple[dict, str] | 
     inputs = image_text_batch(inner, config, n_image, vision, generator)
     shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in vision.items() if hasattr(v, "shape"))
     return inputs, (f"image + text built without a processor: a red {image.width}x{image.height} image through "
-                    f"{cls.__name__} (its defaults), {n_image} image tokens (counted by the model's "
+                    f"{type(processor).__name__} (its defaults), {n_image} image tokens (counted by the model's "
                     f"get_image_features), image_token_id {image_token}; {shapes}")
 
 
 def image_beside_text(model, config, image) -> tuple[dict, str] | None:
     """For a model that takes pixels beside its text rather than in place of image tokens (BLIP, BLIP-2's
     Q-Former, Florence-2's encoder): the mapped image processor's tensors and twelve text ids."""
-    cls = image_processor_class(config)
-    if cls is None or "pixel_values" not in forward_params(model):
+    processor = mapped_image_processor(config)
+    if processor is None or "pixel_values" not in forward_params(model):
         return None
-    vision = {k: v for k, v in dict(cls()(images=[image], return_tensors="pt")).items()
+    vision = {k: v for k, v in dict(processor(images=[image], return_tensors="pt")).items()
               if k in forward_params(model)}
     ids = text_ids(config, 12, torch.Generator().manual_seed(0)).unsqueeze(0)
     shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in vision.items() if hasattr(v, "shape"))
     return ({"input_ids": ids, "attention_mask": torch.ones_like(ids), **vision},
-            f"a red {image.width}x{image.height} image through {cls.__name__} (its defaults) beside 12 random text "
+            f"a red {image.width}x{image.height} image through {type(processor).__name__} (its defaults) beside 12 random text "
             f"ids; {shapes}")
 
 
@@ -213,10 +213,9 @@ def speech_inputs(model, config) -> tuple[dict, str] | None:
     import numpy as np
     from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
 
-    cls = _mapped_class(FEATURE_EXTRACTOR_MAPPING_NAMES, config.model_type)
-    if cls is None:
+    extractor = _mapped_instance(FEATURE_EXTRACTOR_MAPPING_NAMES, config.model_type)
+    if extractor is None:
         return None
-    extractor = cls()
     rate = int(getattr(extractor, "sampling_rate", 16000) or 16000)
     wave = (0.1 * np.sin(2 * np.pi * 440 * np.arange(rate) / rate)).astype(np.float32)
     features = dict(extractor(wave, sampling_rate=rate, return_tensors="pt"))
@@ -225,4 +224,4 @@ def speech_inputs(model, config) -> tuple[dict, str] | None:
     if not inputs:
         return None
     shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
-    return inputs, f"one second of a 440 Hz tone through {cls.__name__} (its defaults): {shapes}"
+    return inputs, f"one second of a 440 Hz tone through {type(extractor).__name__} (its defaults): {shapes}"

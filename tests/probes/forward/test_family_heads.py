@@ -78,6 +78,11 @@ def test_a_vlm_no_image_batch_fits_is_not_blamed_for_its_unexercised_vision_towe
     finding = grad_flow_probe(prepared, target).findings()[0]
     assert finding.verdict == "info", (finding.verdict, finding.title)
     assert "vision-tower tensors" in finding.detail and "not exercised" in finding.detail
+    not_exercised = finding.evidence["not_exercised"]
+    assert not_exercised and all("vision_tower" in name for name in not_exercised)
+    never_run = finding.evidence["never_run"]  # counted apart from the tower a text-only batch never reaches
+    assert (f"{len(never_run)} belong to modules" in finding.detail) if never_run else \
+        ("belong to modules" not in finding.detail)
     assert finding.evidence["inputs"].startswith("16 random token ids")
 
 

@@ -94,7 +94,8 @@ class GradFlowResult(ProbeResult):
                                     "per_component": self.summary(),
                                     "missing": [r.as_row() for r in self.rows if r.status != "ok" and not r.expected][:40],
                                     "expected_zero": sum(1 for r in self.rows if r.expected and r.status == "zero"),
-                                    "inputs": self.inputs_how, "never_run": self.unused[:40]}
+                                    "inputs": self.inputs_how, "never_run": self.unused[:40],
+                                    "not_exercised": self.unexercised[:40]}
         if self.backward_kernels:
             evidence["backward_kernels"] = self.backward_kernels
         if self.layout_note:
@@ -131,7 +132,7 @@ class GradFlowResult(ProbeResult):
                         f"loss {self.loss:.4f}" + (f"; {expected} lora_A gradients are exactly zero because their "
                                                    "lora_B is still zero (normal on a fresh LoRA's first step)"
                                                    if expected else "")
-                        + (f"; {unused} belong to modules whose output never reaches the loss in this "
+                        + (f"; {len(self.unused)} belong to modules whose output never reaches the loss in this "
                            f"architecture (e.g. {self.unused[0]}): they cannot learn — freeze them, or under DDP "
                            "pass find_unused_parameters=True" if self.unused else "")
                         + (f"; {len(self.unexercised)} vision-tower tensors (e.g. {self.unexercised[0]}) were not "

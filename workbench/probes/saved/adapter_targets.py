@@ -30,13 +30,19 @@ from typing import Any
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.probes.saved.files import SavedFiles, adapter_module
+from workbench.probes.saved.target_names import (
+    ALTERNATION,
+    anchored_regex,
+    common_parts,
+    is_counterpart,
+    leaf,
+    shares_role,
+)
 
 CHECK = "adapter.targets"
 SUPPORTED = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Embedding", "Conv1D", "MultiheadAttention")
 LINEAR = ("Linear", "Conv1D")  # what a LoRA on the projections targets (all-linear's own set)
 # a regex group of plain-name alternatives, `(q_proj|v_proj)` or `(?:0|2)`: each alternative is checked alone
-_ALTERNATION = re.compile(r"\((?:\?:)?(\w+(?:\|\w+)+)\)")
-_GENERIC = {"proj", "projection", "layer", "linear", "dense"}  # name parts that say nothing about the role
 CLASSIFIER_TASKS = ("SEQ_CLS", "TOKEN_CLS", "QUESTION_ANS")  # PEFT adds its classifier names to modules_to_save
 CLASSIFIER_NAMES = ("classifier", "score", "qa_outputs")
 
@@ -136,7 +142,7 @@ class AdapterTargetsResult(ProbeResult):
         if self.form == "list":
             return sorted(str(t) for t in self.target_modules)
         if self.form == "regex":
-            alternatives = [a for m in _ALTERNATION.finditer(self.target_modules) for a in m.group(1).split("|")]
+            alternatives = [a for m in ALTERNATION.finditer(self.target_modules) for a in m.group(1).split("|")]
             if alternatives:
                 return alternatives
             leaves = {n for names in self.adaptable.values() for n in names}
@@ -155,7 +161,7 @@ class AdapterTargetsResult(ProbeResult):
         own = [p for p in self.prefixes.get(component, []) if any(m.startswith(p + ".") for m in modules)]
         if own:
             return own
-        common = ".".join(_common_parts([m.split(".")[:-1] for m in modules]))
+        common = ".".join(common_parts([m.split(".")[:-1] for m in modules]))
         return [common] if common else []
 
     def _reach_fix(self) -> str:
@@ -217,7 +223,7 @@ class AdapterTargetsResult(ProbeResult):
             kept = list(dict.fromkeys(n for a in alts for n in ([a] if a not in self.missed
                                                                  else self.counterparts.get(a, []))))
             return "(" + "|".join(kept) + ")" if kept else m.group(0)
-        return _ALTERNATION.sub(replace, pattern)
+        return ALTERNATION.sub(replace, pattern)
 
     def _present(self) -> set[str]:
         return {n for names in self.adaptable.values() for n in names}
@@ -358,69 +364,6 @@ def _short(targets: Any) -> str:
     return repr(targets)
 
 
-def leaf(path: str) -> str:
-    """A module's name as a target_modules list names it: the last part (`q_proj`), with its parent when the last
-    part is an index (`mlp.0`)."""
-    parts = path.split(".")
-    return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
-
-
-def anchored_regex(prefixes: list[str], names: list[str] | None) -> str | None:
-    """`prefix\\.(?:.*\\.)?(name|name)` for PEFT's fullmatch: the names under those module paths only (None: no
-    path to anchor to). names None: everything under the paths."""
-    prefixes = [p for p in dict.fromkeys(prefixes) if p]
-    if not prefixes:
-        return None if names is None else r"(?:.*\.)?(" + "|".join(re.escape(n) for n in names) + ")"
-    where = "|".join(re.escape(p) for p in prefixes)
-    where = f"(?:{where})" if len(prefixes) > 1 else where
-    if names is None:
-        return where + r"\..*"
-    return where + r"\.(?:.*\.)?(" + "|".join(re.escape(n) for n in names) + ")"
-
-
-def _common_parts(paths: list[list[str]]) -> list[str]:
-    out = []
-    for parts in zip(*paths):
-        if len(set(parts)) != 1:
-            break
-        out.append(parts[0])
-    return out
-
-
-def is_counterpart(entry: str, name: str) -> bool:
-    """Whether a base's module name plausibly plays the role of a target name it lacks: it holds the entry's
-    parts (gate_proj, up_proj → gate_up_proj), or a one-letter role among few (q_proj, k_proj → qkv_proj;
-    o_proj → out_proj)."""
-    entry_parts, name_parts = re.split(r"[._]", entry), re.split(r"[._]", name)
-    if entry == name or (entry_parts[-1] in _GENERIC and name_parts[-1] != entry_parts[-1]):
-        return False  # gate_proj never stands for a MoE router named `gate`
-    want = [t for t in entry_parts if t and t not in _GENERIC]
-    have = [t for t in name_parts if t and t not in _GENERIC]
-    if not want:
-        return False
-    if set(want) <= set(have):
-        return True
-    letter = want[0] if len(want) == 1 and len(want[0]) == 1 else None
-    return letter is not None and any(letter in t and t.isalpha() and (t.startswith(letter) or len(t) <= 3)
-                                      for t in have)
-
-
-def _role_parts(name: str) -> list[str]:
-    return [t for t in re.split(r"[._]", name) if t and t not in _GENERIC]
-
-
-def shares_role(a: str, b: str) -> bool:
-    """Looser than is_counterpart, either way round: one name's parts within the other's (qkv_proj and q_proj,
-    query and q_proj): an unmatched entry that shares its role with a trained module misses nothing."""
-    pa, pb = _role_parts(a), _role_parts(b)
-    if not pa or not pb:
-        return False
-    if set(pa) <= set(pb) or set(pb) <= set(pa):
-        return True
-    return any(len(x) == 1 and len(x[0]) == 1 and any(x[0] in t and t.isalpha() and (t.startswith(x[0]) or len(t) <= 3)
-                                                      for t in y) for x, y in ((pa, pb), (pb, pa)))
-
-
 def component_of(classifier, name: str) -> str:
     """The classifier's component; modules between the towers (projector, merger, connector) are "projector"."""
     component = classifier.component_of(name)
@@ -469,7 +412,7 @@ def _unmatched(result: AdapterTargetsResult, config, modules: dict) -> None:
     elif result.form == "regex":
         pattern = result.target_modules
         trials = [(alt, pattern[:m.start()] + f"({alt})" + pattern[m.end():])
-                  for m in _ALTERNATION.finditer(pattern) for alt in m.group(1).split("|")]
+                  for m in ALTERNATION.finditer(pattern) for alt in m.group(1).split("|")]
     else:
         return
     def matches(entry: str, targets, unfiltered: bool = False) -> bool:
