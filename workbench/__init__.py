@@ -61,6 +61,7 @@ _SURFACE: dict[str, str] = {
     "Failed": "workbench.recorder",
     "FindingsRecorder": "workbench.recorder",
     "UsageError": "workbench.errors",
+    "NotApplicable": "workbench.errors",
     "quiet_and_offline": "workbench.runtime",
     # the demo and interactive use
     "build_demo": "workbench.demo.build",

@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from workbench.errors import NotApplicable
 from workbench.paths import PROJECT_ROOT as PACKAGE_ROOT  # the folder holding the workbench package
 
 GRACE_SECONDS = 5.0
@@ -177,7 +178,9 @@ class RankLog:
 
     def fail(self, exc: BaseException) -> None:
         self.data["error"] = {"stage": self.data["stage"], "type": type(exc).__name__, "message": str(exc)[:2000],
-                              "traceback": "".join(traceback.format_exception(exc))[-8000:], "at": time.time()}
+                              "traceback": "".join(traceback.format_exception(exc))[-8000:], "at": time.time(),
+                              # a set-up for another kind of model (workbench.errors.NotApplicable): a skip, not a crash
+                              "not_applicable": getattr(exc, "title", None) if isinstance(exc, NotApplicable) else None}
         self.save()
 
     def save(self) -> None:

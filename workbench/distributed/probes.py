@@ -63,6 +63,9 @@ class DistributedResult(RankResults, ProbeResult):
         crashed = {r: d["error"] for r, d in sorted(self.results.items()) if d.get("error")}
         if crashed:  # the first to fail is the cause; the others often fail on a collective it left unmatched
             rank, error = min(crashed.items(), key=lambda item: item[1].get("at", 0))
+            if error.get("not_applicable"):  # the set-up does not apply to this model: what the other notebooks say
+                return Finding(check, "skip", error["not_applicable"], error["message"],
+                               {"rank": rank, "stage": error["stage"]}, "")
             evidence.update(traceback=error["traceback"], rank=rank,
                             errors={r: f"{e['type']}: {e['message'][:300]}" for r, e in crashed.items()})
             return Finding(check, "error", f"Rank {rank} crashed during {error['stage']}: {error['type']}: "
