@@ -16,6 +16,7 @@ MAX_MEMORY ?=
 RECIPES ?=
 DATA ?=
 DISTRIBUTED ?=
+CHECKPOINT ?=
 REPORTS ?= reports
 
 DIAGNOSE_ARGS := $(CKPT) \
@@ -23,6 +24,7 @@ DIAGNOSE_ARGS := $(CKPT) \
 	$(if $(GPUS),--gpus $(GPUS)) $(if $(SETUP),--setup $(SETUP)) $(if $(PARAMS),--params $(PARAMS)) \
 	$(if $(DEVICE_MAP),--device-map $(DEVICE_MAP)) $(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY)) $(if $(RECIPES),--recipes $(RECIPES)) \
 	$(if $(DISTRIBUTED),--distributed $(DISTRIBUTED)) $(if $(DATA),--data $(DATA)) \
+	$(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) \
 	--reports-dir $(REPORTS)
 
 .PHONY: install diagnose census families checks docs demo test test-fast lab bench clean

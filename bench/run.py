@@ -21,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
+# tiny checkpoints of the census (outside the demo's families): a causal LM with MoE, a VLM, speech, an encoder
+TINY_ARCHITECTURES = ["qwen3_moe", "paligemma", "whisper", "deberta-v2"]
 
 PRELUDE = """
 import json, resource, sys, time
@@ -440,6 +442,74 @@ def data_path_row(rows: list, folder: Path, tmp: Path, n_rows: int) -> None:
                  "goal ≤ 2×; streamed: every row, labels after the collator, EOS, truncation, template"))
 
 
+RUN_LOG = """
+import math, types
+from pathlib import Path
+from workbench.probes.run.log_probe import judge_run
+from workbench.probes.run.run_facts import run_facts
+from workbench.probes.run.trainer_state import read_training_log
+run = Path(TMP) / 'run-log'
+run.mkdir(exist_ok=True)
+(run / 'config.json').write_text(json.dumps({'architectures': ['LlamaForCausalLM'], 'vocab_size': 32000}))
+history = []
+for step in range(1, ENTRIES + 1):
+    history.append({'epoch': step / 5000, 'grad_norm': 1.0 + (step % 7) / 10, 'learning_rate': 2e-4 * min(1, step / 100),
+                    'loss': 10.4 * math.exp(-step / 20000) + 0.5, 'step': step})
+    if step % 1000 == 0:
+        history.append({'epoch': step / 5000, 'eval_loss': 10.4 * math.exp(-step / 20000) + 0.6, 'step': step})
+history = history[:ENTRIES]
+(run / 'trainer_state.json').write_text(json.dumps({'global_step': ENTRIES, 'max_steps': ENTRIES, 'logging_steps': 1,
+                                                    'epoch': ENTRIES / 5000, 'log_history': history}))
+target = types.SimpleNamespace(model_dir=run, allow_pickle=False, run=None, checkpoint=str(run))
+start = time.perf_counter()
+facts = run_facts(run, target)
+log = read_training_log(facts.state_path)
+findings, marks = judge_run(log, facts)
+result = {'entries': log.entries + len(log.eval_step), 'verdicts': sorted({f.verdict for f in findings})}
+"""
+
+
+def run_log_row(rows: list, tmp: Path, entries: int, repeats: int) -> None:
+    """run.loss/gradients/schedule/eval (notebook 08) on a trainer_state.json of `entries` log entries."""
+    body = RUN_LOG.replace("TMP", repr(str(tmp))).replace("ENTRIES", str(entries))
+    out = measure(body, repeats)
+    rows.append((f"trainer_state.json of {out[0]['entries']:,} log entries read and judged (run.loss, run.gradients, "
+                 "run.schedule, run.eval)", stats([r["seconds"] for r in out]), "—", "—",
+                 f"goal < 2 s; verdicts {', '.join(out[0]['verdicts'])}"))
+
+
+def tiny_architecture_rows(rows: list, tmp: Path, model_types: list[str]) -> None:
+    """`workbench diagnose` (every notebook, one kernel) on the census's tiny checkpoint of each model type."""
+    from workbench.architectures.checkpoints import build_tiny_checkpoint
+    from workbench.architectures.model_types import architectures
+
+    by_type = {a.model_type: a for a in architectures()}
+    for model_type in model_types:
+        folder = build_tiny_checkpoint(by_type[model_type], tmp / "tiny")
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(folder), "--reports-dir",
+                               str(tmp / "tiny-reports")], stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        seconds = time.monotonic() - start
+        rows.append((f"`workbench diagnose` on the census's tiny {model_type} ({by_type[model_type].class_name}), "
+                     "every notebook", f"{seconds:.1f} s", "—", "—", f"goal ≤ 15 s; exit {proc.returncode}"))
+
+
+def census_rows(rows: list, out: Path) -> None:
+    """The whole architecture census (`python -m workbench families --out OUT`), timed: wall, and per record."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "workbench", "families", "--out", str(out)], stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.monotonic() - start
+    report_ = json.loads((out / "families.json").read_text())
+    seconds = sorted(r["seconds"] for r in report_["records"] if r.get("seconds") is not None)
+    summary = report_["summary"]
+    rows.append((f"the architecture census: {summary['architectures']} model types × plain, qlora (one worker per "
+                 "set-up)", f"{wall / 60:.1f} min", "—", "—",
+                 f"goal ≤ 60 min on 2 cores; per record median {statistics.median(seconds):.1f} s, max "
+                 f"{seconds[-1]:.0f} s; {summary['built']} built ({summary['built_share']:.0%}), clean "
+                 + ", ".join(f"{k} {v}" for k, v in summary["clean"].items())))
+
+
 def table(rows: list) -> str:
     lines = ["| what | ours (min / median / max) | naive (min / median / max) | ratio | notes |", "|---|---|---|---|---|"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -471,6 +541,12 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="*", help="with --only-scaling: some of 0.4 1.3 2.6")
     parser.add_argument("--only-data", action="store_true", help="just the data path against trl's preparation")
     parser.add_argument("--data-rows", type=int, default=20_000)
+    parser.add_argument("--only-run-log", action="store_true", help="just notebook 08's log checks on a long log")
+    parser.add_argument("--log-entries", type=int, default=200_000)
+    parser.add_argument("--only-architectures", action="store_true",
+                        help="just `diagnose` on tiny checkpoints of a few model types outside the demo")
+    parser.add_argument("--only-census", metavar="OUT",
+                        help="just the whole architecture census, timed (about 25 min; families.md/json go to OUT)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     from sparse_checkpoint import write_adapter, write_sparse_checkpoint
@@ -494,6 +570,20 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
             data_path_row(rows, demo.llama, Path(tmp), args.data_rows)
         report("data", "The data path against trl's own preparation", rows)
+        return
+    if args.only_run_log:
+        with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+            run_log_row(rows, Path(tmp), args.log_entries, args.repeats)
+        report("run-log", "A training run's log (notebook 08)", rows)
+        return
+    if args.only_architectures:
+        with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+            tiny_architecture_rows(rows, Path(tmp), TINY_ARCHITECTURES)
+        report("architectures", "A diagnosis of a tiny architecture outside the demo", rows)
+        return
+    if args.only_census:
+        census_rows(rows, Path(args.only_census))
+        report("census", "The architecture census (make families)", rows)
         return
     if args.only_startup:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
@@ -554,6 +644,7 @@ def main() -> None:
                          f"{statistics.median(ratios):.2f}× the plain forward", "goal ≤ 1.5×"))
 
         data_path_row(rows, demo.llama, tmp, args.data_rows)
+        run_log_row(rows, tmp, args.log_entries, args.repeats)
         serial = diagnose_runs(args.diagnose_runs, 1, tmp / "r1")
         side = diagnose_runs(args.diagnose_runs, 2, tmp / "r2")
         per_nb = {name: statistics.median(r["notebooks"][name] for r in serial) for name in serial[0]["notebooks"]}

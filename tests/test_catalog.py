@@ -115,3 +115,22 @@ def test_where_names_the_probe_the_result_class_and_the_tests_of_every_check():
     assert text.returncode == 0 and "workbench/probes/forward/grad_flow.py:" in text.stdout
     unknown = workbench_cli("checks", "--where", "grad.flw")
     assert unknown.returncode == 2 and "no such check" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_a_step_whose_probe_does_not_import_is_an_error_on_its_checks_and_the_notebook_goes_on(tmp_path):
+    from workbench.catalog import NotebookSpec, Step
+    from workbench.notebook import NotebookSession
+
+    spec = NotebookSpec("panel", "panel", "panel", (
+        Step("gone", "a probe module that is not there", "workbench.probes.no_such_module:probe", (),
+             reports=("grad.flow",)),
+        Step("renamed", "a probe function that is not there", "workbench.findings:no_such_probe", (),
+             reports=("forward.scenarios",))))
+    rec = FindingsRecorder(tmp_path / "f.json", notebook="panel")
+    session = NotebookSession(spec, None, rec, {})
+    session.run("gone")
+    session.run("renamed")
+    found = {f.id: f for f in rec.findings}
+    assert found["grad.flow"].verdict == found["forward.scenarios"].verdict == "error"
+    assert "no_such_module" in found["grad.flow"].title + found["grad.flow"].detail
+    assert "no_such_probe" in found["forward.scenarios"].title + found["forward.scenarios"].detail

@@ -75,6 +75,7 @@ class NotebookSpec:
     group: str  # its tick box and tab in the panel
     steps: tuple[Step, ...]
     panel: bool = True  # runs inside one process (the panel can run it); False: it launches its own processes
+    trainer_output_only: bool = False  # runs only when the target is (or sits in) a Trainer output_dir; else skip
 
     @property
     def checks(self) -> tuple[str, ...]:
@@ -105,6 +106,7 @@ _PEFT = "workbench.probes.peft.probes"
 _PREPARE = Step("prepared", "prepare the model (set-up)", "workbench.model.shared:prepare_shared")
 _SAVED = "workbench.probes.saved"
 _DATA = "workbench.probes.data"
+_RUN = "workbench.probes.run"
 
 NOTEBOOKS: tuple[NotebookSpec, ...] = (
     NotebookSpec("00_saved_files", "00 · What the saved files say", "Saved files", (
@@ -184,6 +186,16 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
              ("data_path", "data_stats"), reports=("data.template",)),
         Step("token_view", "token view", f"{_DATA}.token_view:token_view_probe", ("data_path", "data_stats")),
     )),
+    NotebookSpec("08_training_run", "08 · The training run: what the Trainer left behind", "Training run", (
+        Step("run_dir", "the Trainer output_dir", f"{_RUN}.run_facts:run_directory"),
+        Step("training_log", "trainer_state.json: loss, gradients, schedule, evaluation",
+             f"{_RUN}.log_probe:training_log_probe", ("run_dir", "target"),
+             reports=("run.loss", "run.gradients", "run.schedule", "run.eval")),
+        Step("adapter_progress", "the adapter across checkpoint-N/", f"{_RUN}.adapter_progress:adapter_progress_probe",
+             ("run_dir",), reports=("run.adapter_progress",)),
+        Step("versions", "the run's versions against known regressions", f"{_RUN}.versions:versions_probe",
+             ("run_dir",), reports=("run.versions",)),
+    ), panel=False, trainer_output_only=True),
 )
 
 
@@ -361,13 +373,19 @@ CHECKS: tuple[Check, ...] = (
        "After one training step, which trainable tensors have a gradient that is None or zero, per component?",
        "one training step (forward with labels under autocast, backward): trainable tensors whose gradient is None "
        "or zero, per component, LoRA A/B apart, names normalized across `module.` / `base_model.model.`; the cause "
-       "named (reentrant checkpointing without the input-grad hook, modules off the forward path such as a vision "
-       "LoRA on a text-only batch, detached activations, 4-bit layers the set-up handed over packed for "
-       "bitsandbytes' CPU inference kernel). `lora_A` exactly zero while its `lora_B` is still zero is normal and "
-       "not flagged",
+       "named from a trace of the forward, op by op (which trainable tensors each value depends on, through floating "
+       "values or only through integer choices, and where autograd was cut: inside `torch.utils.checkpoint`, in "
+       "transformers' own code, or in other code, with its file:line) and, for a zero gradient, whether the loss "
+       "moves at all when the tensor is shifted by 1 % (values restored bit for bit). `lora_A` exactly zero while "
+       "its `lora_B` is still zero is normal and not flagged",
        **{"pass": "every trainable tensor gets a gradient (lora_A zero while lora_B is zero is normal)",
-          "info": "the rest belong to modules whose output never reaches the loss (CLIP's post_layernorm under LLaVA)",
-          "fail": "trainable tensors get none, or 4-bit layers were handed over packed for CPU inference; the cause named",
+          "info": "the rest get none by this batch's or the model's own design, each cause named: not read by this "
+                  "batch (global attention, image newline, an unpicked expert, a vision LoRA on a text-only batch), "
+                  "read only into a top-k/argmax choice (router and indexer biases), computed without grad by the "
+                  "library (sinusoidal tables), or a loss that does not move with them (a zero-initialized gate)",
+          "fail": "trainable tensors get none, or 4-bit layers were handed over packed for CPU inference; the cause "
+                  "named: reentrant checkpointing (also of a tower whose input needs no grad, trl #835), code that "
+                  "detaches them (its file:line), a backward that drops a gradient the loss depends on",
           "error": "the step itself crashed",
           "skip": "nothing trainable"}),
     _c("forward.mixed_precision_buffers", "04_forward_checks",
@@ -509,6 +527,84 @@ CHECKS: tuple[Check, ...] = (
           "warn": "render-then-encode differs, or special tokens in the text (rows named)",
           "fail": "batched rows start with BOS twice",
           "skip": "no --data"}),
+    _c("run.loss", "08_training_run",
+       "What does the logged training loss say: a NaN hidden as 0.0, labels all masked, a logged NaN, a first loss "
+       "inflated by gradient accumulation, a flat loss?",
+       "the longest `trainer_state.json` of the output directory (the root's or a `checkpoint-N/`'s) read into "
+       "columns: `loss == 0.0` with `grad_norm` nan/inf is a NaN loss that `logging_nan_inf_filter` (on by default) "
+       "logged as the window's mean of earlier losses, 0.0 once the weights are NaN (reproduced with transformers "
+       "5.23; the first checkpoint after it is read for NaN/inf tensors when under 256 MiB); `loss == 0.0` with "
+       "`grad_norm == 0.0` is a batch whose labels are all -100; `train_loss` averaging those 0.0 windows in; the "
+       "first logged loss against ln(classes) of a fresh head (the vocabulary, or `num_labels` of a classifier): "
+       "≥ 1.8× and near an integer k is the gradient-accumulation signature (transformers #34263, #35663 in "
+       "4.48.0, #47688 for sequence/token classification in 5.x), `fail` when the recorded `gradient_accumulation_steps` "
+       "is k; the last fifth's median within 2 % of the first fifth's (≥ 10 logged losses): flat",
+       **{"pass": "finite, supervised, falling",
+          "warn": "first loss k× ln(classes) (accumulation not recorded), a flat loss, or a few all-masked steps",
+          "fail": "a NaN hidden as 0.0 or logged, every step all-masked, or the inflation with k = the recorded "
+                  "gradient_accumulation_steps",
+          "skip": "no loss logged, or not a Trainer output directory"}),
+    _c("run.gradients", "08_training_run",
+       "What does the logged grad_norm say: steps the fp16 GradScaler skipped, no gradient reaching anything "
+       "trainable, spikes?",
+       "on the logged steps with a non-zero finite loss: `grad_norm` inf/nan with the learning rate unchanged since "
+       "the previous logged step (the GradScaler skipped the optimizer step, so the scheduler did not step), counted "
+       "— up to 5 within the first 5 % of the run are the scaler finding its scale; `grad_norm == 0.0` while the "
+       "loss is not 0.0 (no trainable tensor on the loss's graph: reentrant checkpointing without input grads, trl "
+       "#835); spikes above 10× the run's median after its first tenth",
+       **{"pass": "finite and non-zero",
+          "info": "a few overflow skips at the start, or spikes (steps named)",
+          "warn": "overflow skips later or in number, or grad_norm 0.0 at some steps",
+          "fail": "grad_norm 0.0 at every step with a non-zero loss",
+          "skip": "no grad_norm logged, no step with a non-zero loss, or not a Trainer output directory"}),
+    _c("run.schedule", "08_training_run",
+       "Does the learning rate do what the scheduler should: leave 0, leave its warmup, decay; did max_steps end "
+       "the run before one epoch?",
+       "the logged `learning_rate`: 0 at every step; rising at every logged step to the end of a finished run "
+       "(`warmup_steps` ≥ `max_steps`); constant after its peak while the recorded `lr_scheduler_type` decays "
+       "(model card or `--allow-pickle`); `epoch` < 1 when `global_step` reached `max_steps`; a run that stopped "
+       "before `max_steps`",
+       **{"pass": "warms up, peaks and follows its scheduler",
+          "info": "max_steps ended the run before one epoch, the run stopped early, or it stopped during warmup",
+          "warn": "never left warmup, or never decays although its scheduler should",
+          "fail": "learning rate 0 at every step",
+          "skip": "no learning rate logged, or not a Trainer output directory"}),
+    _c("run.eval", "08_training_run",
+       "What do the evaluations say: eval loss below train (leakage, a mismatched eval collator), evaluation only at "
+       "the end or never, eval rising while train falls; which checkpoint to keep?",
+       "each `eval_loss` against the smaller of the training losses logged at and just after its step (a falling "
+       "curve alone never makes eval look lower): under 75 % of it and ≥ 0.25 nat below at most evaluations is "
+       "`warn`; the last 4 evaluations rising while the training loss falls; the checkpoint to keep: "
+       "`best_model_checkpoint` when recorded, else the lowest `eval_loss` among steps with a `checkpoint-N/` folder",
+       **{"pass": "the checkpoint to keep named",
+          "info": "no evaluation, or one at the end: nothing ranks the checkpoints",
+          "warn": "eval below train at most evaluations, or eval rising while train falls",
+          "skip": "not a Trainer output directory"}),
+    _c("run.adapter_progress", "08_training_run",
+       "How did the adapter move across checkpoint-N/: update norm ‖B·A‖·scaling per component, modules that never "
+       "moved, an adapter that stopped moving, non-finite values from a checkpoint on?",
+       "each `checkpoint-N/` adapter file alone (headers and tensors, never the base): per checkpoint the update "
+       "norm ‖B·A‖·scaling per component (`adapter.weights`' code), modules and components that never moved in any "
+       "checkpoint (reentrant checkpointing without input grads: trl #835, unsloth #2142), an adapter that stopped "
+       "moving, NaN/inf from checkpoint K on; the update norm per component plotted against step",
+       **{"pass": "every component moves, finite",
+          "warn": "modules or components that never moved, or an adapter that stopped moving",
+          "fail": "non-finite values from a checkpoint on, or nothing ever moved",
+          "skip": "no adapter in the checkpoints, or not a Trainer output directory"}),
+    _c("run.versions", "08_training_run",
+       "Do the run's recorded versions (model card, config.json, the adapter's PEFT version) fall in a known "
+       "regression whose condition this run meets?",
+       "the versions the run recorded (the model card's \"Framework versions\", `transformers_version` in "
+       "config.json, the adapter's PEFT version) against a table of known regressions with citations (`python -m "
+       "workbench regressions`), each row's condition (head kind, trainer class, gradient accumulation > 1, fp16, "
+       "…) checked against this run — never a version match alone",
+       **{"pass": "no known regression applies",
+          "info": "versions not recorded, or a regression whose condition the files cannot tell (the missing facts "
+                  "named)",
+          "warn": "a regression that misleads the log or costs memory applies, or one likely applies (the head "
+                  "inferred from a trl trainer)",
+          "fail": "a regression that makes training or its result wrong applies to this run (cited, with its fix)",
+          "skip": "not a Trainer output directory"}),
 )
 
 

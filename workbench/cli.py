@@ -1,4 +1,4 @@
-"""`python -m workbench diagnose|census|demo`: bad input gets one line and exit 2, never a traceback."""
+"""`python -m workbench diagnose|census|checks|regressions|demo`: bad input gets one line and exit 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("diagnose", help="run the diagnostic notebooks into a dated report")
     d.add_argument("checkpoint", nargs="?", help="checkpoint or adapter folder (default: the bundled demo)")
+    d.add_argument("--checkpoint", type=int, dest="run_checkpoint", metavar="N",
+                   help="CKPT is a Trainer output_dir: diagnose its checkpoint-N (default: the final save at its "
+                        "root, else the latest checkpoint)")
     d.add_argument("--adapter", help="a PEFT adapter folder to apply on CKPT")
     d.add_argument("--base", help="override the base an adapter CKPT records in adapter_config.json")
     d.add_argument("--quant", default=None, choices=["none", "4bit", "8bit"], help="quantization to load with")
@@ -41,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--notebooks", nargs="*", help="only these notebooks (by number or name prefix)")
     d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
     d.add_argument("--allow-pickle", action="store_true",
-                   help="load pickle weights (.bin) with torch.load(weights_only=True); refused by default")
+                   help="load pickle weights (.bin) with torch.load(weights_only=True), and a run's "
+                        "training_args.bin with torch.load(weights_only=False) (it runs code); refused by default")
     d.add_argument("--jobs", type=int, default=1,
                    help="default 1: every notebook in one kernel, the model loaded once; N > 1: N notebooks side "
                         "by side, each in its own kernel with its own copy of the model; 0: choose by cores and memory")
@@ -68,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--out", help="folder for families.md and families.json (default: docs/ for a full census; "
                    "none with --only)")
     f.add_argument("--work", help="a folder for the tiny checkpoints and the raw records (default: a temp folder)")
+
+    sub.add_parser("regressions", help="the table of known regressions run.versions checks a run against")
 
     lab = sub.add_parser("lab", help="JupyterLab with the panel and the notebooks open (prints the URL)")
     lab.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
@@ -142,6 +148,12 @@ def cmd_census(args) -> int:
     return 1 if finding.verdict in FAILING_VERDICTS else 0
 
 
+def cmd_regressions(args) -> int:
+    from workbench.probes.run.versions import print_regressions
+
+    return print_regressions() or 0
+
+
 def cmd_checks(args) -> int:
     from workbench.catalog import CHECK_IDS, CHECKS, NOTEBOOKS, markdown_table
 
@@ -170,8 +182,8 @@ def cmd_checks(args) -> int:
 def cmd_diagnose(args) -> int:
     from workbench.report.runner import diagnose, exit_code, start_kernel
 
-    if not args.checkpoint and (args.adapter or args.base):
-        raise UsageError("--adapter/--base need a CKPT; without one the bundled demo is diagnosed")
+    if not args.checkpoint and (args.adapter or args.base or args.run_checkpoint is not None):
+        raise UsageError("--adapter/--base/--checkpoint need a CKPT; without one the bundled demo is diagnosed")
     if args.cell_timeout < 1:
         raise UsageError(f"--cell-timeout {args.cell_timeout}: use a number of seconds, 1 or more")
     if args.jobs < 0:
@@ -224,7 +236,7 @@ def _diagnosis_target(args):
     return resolve_target(options["checkpoint"], adapter=args.adapter, base=args.base, quant=options["quant"] or "none",
                           gpus=options["gpus"], setup=options["setup"], params=params, device_map=args.device_map,
                           max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                          allow_pickle=args.allow_pickle, data=args.data)
+                          allow_pickle=args.allow_pickle, data=args.data, run_checkpoint=args.run_checkpoint)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     skip_slow_optional_imports()
     args = build_parser().parse_args(argv)
     handler = {"diagnose": cmd_diagnose, "census": cmd_census, "checks": cmd_checks, "demo": cmd_demo,
-               "lab": cmd_lab, "families": cmd_families}[args.command]
+               "lab": cmd_lab, "families": cmd_families, "regressions": cmd_regressions}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

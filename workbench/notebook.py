@@ -67,7 +67,10 @@ class NotebookSession(Displayable):
         step = self.spec.step(name)
         args = [self._value(a) for a in step.args]
         kwargs = {k: self._value(v) for k, v in step.kwargs.items()}
-        function = step.function()
+        try:
+            function = step.function()
+        except (ImportError, AttributeError) as exc:  # a probe that does not import: an error on its checks, as a
+            function = _raising(exc)                   # probe that crashes is, and the notebook goes on
         if step.own_model:
             from workbench.model.shared import make_room_for_a_copy, take_early_result
 
@@ -158,3 +161,10 @@ def parameters_cell_mismatch(path: str | Path, passed: Mapping[str, Any]) -> str
     extra = sorted(set(passed) - declared)
     return (f"{Path(path).name}: its parameters cell lacks {extra} (the contract: {list(NOTEBOOK_PARAMETERS)})"
             if extra else None)
+
+
+def _raising(exc: BaseException) -> Callable[..., Any]:
+    def probe_that_does_not_import(*_args: Any, **_kwargs: Any) -> Any:
+        raise exc
+
+    return probe_that_does_not_import

@@ -2,6 +2,10 @@
 
 A CKPT holding adapter_config.json is an adapter; its base is `base_model_name_or_path` there unless --base
 overrides it. Hub ids are looked up in the local Hugging Face cache only: the workbench never downloads.
+
+A Trainer's output_dir (trainer_state.json at its root or in `checkpoint-N/`) is a run: the final save at its root is
+diagnosed when there is one, else the latest checkpoint (`--checkpoint N` picks another); a `checkpoint-N` folder
+given directly is that checkpoint of the run around it. `training_args.bin` (a pickle) is never read here.
 """
 
 from __future__ import annotations
@@ -15,9 +19,82 @@ from typing import Any
 from workbench.display.result import Displayable
 from workbench.errors import UsageError
 
+CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")  # transformers' PREFIX_CHECKPOINT_DIR + "-" + step
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 QUANTS = ("none", "4bit", "8bit")
 MAX_GPUS_PER_PROCESS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerOutput:
+    """A Trainer's output_dir and the folder of it being diagnosed."""
+
+    run_dir: Path  # the output_dir
+    folder: Path  # the folder diagnosed: the root (its final save) or one checkpoint-N
+    checkpoints: tuple[int, ...]  # the steps of its checkpoint-N folders, ascending
+    final_save: bool  # the root holds a model or an adapter
+
+    @property
+    def step(self) -> int | None:
+        """The checkpoint's step; None for the final save at the root."""
+        match = CHECKPOINT_FOLDER.match(self.folder.name) if self.folder != self.run_dir else None
+        return int(match.group(1)) if match else None
+
+    def describe(self) -> str:
+        """Which folder of the run is diagnosed, and why that one (the report's header says it)."""
+        saved = f"{len(self.checkpoints)} checkpoint(s)" + (f", the latest checkpoint-{self.checkpoints[-1]}"
+                                                              if self.checkpoints else "")
+        if self.step is None:
+            return f"the final save at the root of {self.run_dir} ({saved})"
+        latest = self.checkpoints and self.step == self.checkpoints[-1]
+        why = ("the latest checkpoint; no final save at the root" if latest and not self.final_save
+               else "the latest checkpoint" if latest else f"one of {saved}")
+        return f"checkpoint-{self.step} of {self.run_dir} ({why}" + (
+            "; the root holds a final save" if self.final_save else "") + ")"
+
+
+def _holds_model(folder: Path) -> bool:
+    return (folder / "config.json").exists() or (folder / "adapter_config.json").exists()
+
+
+def _checkpoint_steps(run_dir: Path) -> tuple[int, ...]:
+    steps = []
+    for child in run_dir.iterdir() if run_dir.is_dir() else ():
+        match = CHECKPOINT_FOLDER.match(child.name)
+        if match and child.is_dir():
+            steps.append(int(match.group(1)))
+    return tuple(sorted(steps))
+
+
+def find_trainer_output(folder: Path, checkpoint: int | None = None) -> TrainerOutput | None:
+    """The run `folder` is, or sits in (a checkpoint-N folder), with the folder to diagnose; None when `folder` is
+    no Trainer output. `checkpoint`: the step of the checkpoint-N to diagnose instead of the default."""
+    folder = Path(folder)
+    if CHECKPOINT_FOLDER.match(folder.name) and (folder / "trainer_state.json").exists():
+        run_dir, given = folder.parent, folder
+    else:
+        run_dir, given = folder, None
+    steps = _checkpoint_steps(run_dir)
+    states = [run_dir / f"checkpoint-{s}" / "trainer_state.json" for s in steps]
+    if given is None and not (run_dir / "trainer_state.json").exists() and not any(p.exists() for p in states):
+        if checkpoint is not None:
+            raise UsageError(f"--checkpoint {checkpoint}: {folder} is not a Trainer output directory (no "
+                             "trainer_state.json at its root or in a checkpoint-N folder)")
+        return None
+    final = _holds_model(run_dir)
+    if checkpoint is not None:
+        if checkpoint not in steps:
+            present = ", ".join(str(s) for s in steps) or "none"
+            raise UsageError(f"--checkpoint {checkpoint}: {run_dir} has no checkpoint-{checkpoint} folder "
+                             f"(checkpoints present: {present})")
+        chosen = run_dir / f"checkpoint-{checkpoint}"
+    elif given is not None:
+        chosen = given
+    elif final or not steps:
+        chosen = run_dir
+    else:
+        chosen = run_dir / f"checkpoint-{steps[-1]}"
+    return TrainerOutput(run_dir.resolve(), chosen.resolve(), steps, final)
 
 
 @dataclasses.dataclass(repr=False)
@@ -40,6 +117,7 @@ class Target(Displayable):
     adapter_arg: str | None = None  # --adapter and --base as given, for re-resolving in a notebook kernel
     base_arg: str | None = None
     data: str | None = None  # --data: the training data (JSONL or a save_to_disk folder), notebook 07
+    run: TrainerOutput | None = None  # CKPT is (or sits in) a Trainer output_dir: notebook 08
 
     @property
     def name(self) -> str:
@@ -49,9 +127,12 @@ class Target(Displayable):
 
     def as_contract(self) -> dict[str, Any]:
         """The `target` object of findings.json."""
-        return {"checkpoint": self.checkpoint, "model_dir": str(self.model_dir),
-                "adapter": str(self.adapter_dir) if self.adapter_dir else None, "base": self.base,
-                "base_source": self.base_source, "quant": self.quant, "gpus": self.gpus, "setup": self.setup}
+        contract = {"checkpoint": self.checkpoint, "model_dir": str(self.model_dir),
+                    "adapter": str(self.adapter_dir) if self.adapter_dir else None, "base": self.base,
+                    "base_source": self.base_source, "quant": self.quant, "gpus": self.gpus, "setup": self.setup}
+        if self.run is not None:
+            contract["run"] = self.run.describe()
+        return contract
 
     def options(self) -> dict[str, Any]:
         """The options that resolve to this target again (`resolve_target(**target.options())`), as the notebook
@@ -59,8 +140,10 @@ class Target(Displayable):
         def absolute(ref: str | None) -> str:
             return str(Path(ref).resolve()) if ref and Path(ref).exists() else (ref or "")
 
+        # a run's checkpoint is passed as its folder: it resolves to the same checkpoint of the same run
+        checkpoint = str(self.run.folder) if self.run is not None else absolute(self.checkpoint)
         return {
-            "checkpoint": absolute(self.checkpoint), "adapter": absolute(self.adapter_arg),
+            "checkpoint": checkpoint, "adapter": absolute(self.adapter_arg),
             "base": absolute(self.base_arg), "quant": self.quant, "gpus": self.gpus, "setup": self.setup,
             "device_map": json.dumps(self.device_map) if isinstance(self.device_map, dict) else
             str(self.device_map if self.device_map is not None else ""),
@@ -133,11 +216,13 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                    gpus: int | str = 1, setup: str | None = None, params: dict | None = None,
                    device_map: Any = None, max_memory: Any = None, dtype: str = "auto",
                    trust_remote_code: bool = False, params_json: str | None = None,
-                   allow_pickle: bool = False, headers_only: bool = False, data: str | None = None) -> Target:
+                   allow_pickle: bool = False, headers_only: bool = False, data: str | None = None,
+                   run_checkpoint: int | None = None) -> Target:
     """Resolve the user's arguments into a Target; every unusable input raises UsageError (exit 2).
 
     `headers_only`: the caller reads files and headers alone (the census); the set-up and the architecture are not
-    checked, so neither torch nor transformers is imported."""
+    checked, so neither torch nor transformers is imported. `run_checkpoint`: the step of the checkpoint-N to
+    diagnose when CKPT is a Trainer output directory (default: its final save, else its latest checkpoint)."""
     from workbench.model.checkpoint import inspect_checkpoint
 
     if params_json:
@@ -159,6 +244,12 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
         raise UsageError(f"--data {data} does not exist; pass a JSONL file or a folder saved with "
                          "datasets.save_to_disk")
     folder = resolve_local(checkpoint, what="checkpoint")
+    run = find_trainer_output(folder, run_checkpoint)
+    if run is not None:
+        folder = run.folder
+        if not _holds_model(folder):
+            raise UsageError(f"{folder} ({run.describe()}) holds neither config.json nor adapter_config.json: "
+                             "nothing saved to diagnose; pass --checkpoint N for a checkpoint that holds a save")
     adapter_dir = None
     recorded = None
     base_source = None
@@ -213,4 +304,4 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                   params=params or {}, device_map=parse_device_map(device_map),
                   max_memory=parse_max_memory(max_memory), dtype=dtype or "auto",
                   trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, adapter_arg=adapter or None,
-                  base_arg=base or None, data=str(Path(data).expanduser()) if data else None)
+                  base_arg=base or None, data=str(Path(data).expanduser()) if data else None, run=run)

@@ -171,6 +171,23 @@ def collect_findings(folder: Path, notebook: Path, run: NotebookRun) -> list[Fin
     return findings
 
 
+def not_applicable(notebooks: list[Path], target: Target) -> list[Path]:
+    """The notebooks the catalog runs only on a Trainer output_dir, when the target is none."""
+    from workbench.catalog import NOTEBOOKS
+
+    run_only = {nb.name for nb in NOTEBOOKS if nb.trainer_output_only}
+    return [nb for nb in notebooks if nb.stem in run_only and target.run is None]
+
+
+def skipped_findings(notebook: Path, target: Target) -> list[Finding]:
+    """A `skip` on each declared check of a notebook that does not apply to the target (not executed)."""
+    return [Finding(check, "skip", "not a Trainer output directory",
+                    f"{target.checkpoint} holds no trainer_state.json (at its root or in a checkpoint-N folder): "
+                    f"{notebook.stem} reads what a Trainer run left behind", {"notebook_run": False},
+                    "Pass the Trainer's output_dir (or one of its checkpoint-N folders) as CKPT.", notebook.stem)
+            for check in declared_checks(notebook)]
+
+
 def notebook_parameters(target: Target, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """What each notebook's parameters cell receives: the target's options (re-resolved in the kernel) and extras
     of the contract (`workbench.notebook.NOTEBOOK_PARAMETERS`)."""
@@ -263,6 +280,10 @@ def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, noteb
     temp, final = new_report_folder(Path(reports_dir).resolve(), target.name, now)
     parameters = notebook_parameters(target, extra_parameters)
     echo(f"diagnosing {target.checkpoint} -> {final} (kernel {KERNEL_NAME}: {kernel_python})")
+    if target.run is not None:
+        echo(f"Trainer output directory: diagnosing {target.run.describe()}")
+    skipped = not_applicable(notebooks, target)
+    notebooks = [nb for nb in notebooks if nb not in skipped]
     jobs = jobs or parallel_jobs(target, len(notebooks))
     if jobs > 1:
         echo(f"running {jobs} notebooks at a time, each in its own kernel (each holds its own copy of the model)")
@@ -320,6 +341,7 @@ def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, noteb
         papermill_log.propagate = True
     runs = [run for run, _ in results]
     findings = [f for _, nb_findings in results for f in nb_findings]
+    findings += [f for nb in skipped for f in skipped_findings(nb, target)]
     report = {
         "schema_version": SCHEMA_VERSION,
         "run_id": f"{now.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}",

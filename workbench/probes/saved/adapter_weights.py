@@ -176,7 +176,8 @@ class AdapterWeightsResult(ProbeResult):
             Paragraph("Other saved tensors: ", ", ".join(self.other_tensors[:20])) if self.other_tensors else None)
 
 
-def _scaling(config: dict[str, Any], module: str, rank: int) -> float:
+def lora_scaling(config: dict[str, Any], module: str, rank: int) -> float:
+    """PEFT's LoRA scaling: lora_alpha (or its alpha_pattern entry) / r, or / √r with rsLoRA."""
     alpha = config.get("lora_alpha", 8)
     for pattern, value in (config.get("alpha_pattern") or {}).items():
         if re.match(rf"(.*\.)?({pattern})$", module):
@@ -264,7 +265,7 @@ def _read_values(files: SavedFiles, headers, result: AdapterWeightsResult) -> No
             result.other_tensors.append(f"{module} (lora_{'A' if b is None else 'B'} only)")
             continue
         rank = int(a.shape[0])
-        scaling = _scaling(config, module, rank)
+        scaling = lora_scaling(config, module, rank)
         path = files.map_key(module + ".weight").removesuffix(".weight")
         result.modules.append(ModuleUpdate(module, files.component(path), rank, scaling, float(a.float().norm()),
                                            float(b.float().norm()), update_norm(a, b) * scaling))

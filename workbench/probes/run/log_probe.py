@@ -1,0 +1,73 @@
+"""Notebook 08's log step: trainer_state.json judged by run.loss, run.gradients, run.schedule and run.eval, with
+the curves (anomalies marked) as the result's figure."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from workbench.display.result import ProbeResult
+from workbench.findings import Finding
+from workbench.probes.run.evaluation import judge_eval
+from workbench.probes.run.gradients import judge_gradients
+from workbench.probes.run.loss import judge_loss
+from workbench.probes.run.run_facts import RunFacts, run_facts
+from workbench.probes.run.schedule import judge_schedule
+from workbench.probes.run.trainer_state import Mark, TrainingLog, read_training_log
+
+JUDGES = (judge_loss, judge_gradients, judge_schedule, judge_eval)
+
+
+@dataclasses.dataclass(repr=False)
+class TrainingLogResult(ProbeResult):
+    facts: RunFacts
+    log: TrainingLog
+    judged: list[Finding]
+    marks: list[Mark]
+
+    def findings(self) -> list[Finding]:
+        return list(self.judged)
+
+    def summary(self) -> list[list[str]]:
+        log, facts = self.log, self.facts
+        rows = [["trainer_state.json", facts.name(facts.state_path)],
+                ["steps", f"{log.global_step} of max_steps {log.max_steps}, epoch {log.state.get('epoch')}"],
+                ["logged", f"{log.entries} training entries (logging_steps {log.state.get('logging_steps')}), "
+                           f"{len(log.eval_step)} evaluations"],
+                ["checkpoints", ", ".join(facts.name(p) for p in facts.checkpoints.values()) or "none"]]
+        if facts.head is not None:
+            rows.append(["head", f"{facts.head.kind}, {facts.head.classes} classes ({facts.head.source})"])
+        for key in sorted(facts.configuration.values):
+            rows.append([key, facts.configuration.cite(key)])
+        if facts.training_args_unread is not None:
+            rows.append(["training_args.bin", f"{facts.name(facts.training_args_unread)} not unpickled (pass "
+                                              "--allow-pickle to read it)"])
+        return rows
+
+    def details(self):
+        from workbench.display.findings_view import figure
+        from workbench.display.nodes import Display, Table
+        from workbench.probes.run.curves import draw_curves
+
+        alt = "loss, grad_norm and learning rate against step" + (
+            "; marked: " + ", ".join(dict.fromkeys(m.label for m in self.marks)) if self.marks else "")
+        return Display(figure(lambda: draw_curves(self.log, self.marks), alt) if self.log.entries else None,
+                       Table(None, self.summary(), row_headers=True, left=True))
+
+
+def judge_run(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[Mark]]:
+    findings: list[Finding] = []
+    marks: list[Mark] = []
+    for judge in JUDGES:
+        found, marked = judge(log, facts)
+        findings += found
+        marks += marked
+    return findings, marks
+
+
+def training_log_probe(run_dir: Path, target) -> TrainingLogResult:
+    """Read the run's longest trainer_state.json and judge it."""
+    facts = run_facts(Path(run_dir), target)
+    log = read_training_log(facts.state_path)
+    findings, marks = judge_run(log, facts)
+    return TrainingLogResult(facts, log, findings, marks)
