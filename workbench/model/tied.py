@@ -34,3 +34,10 @@ def tied_notes(aliases: dict[str, str]) -> list[str]:
     for alias, canonical in aliases.items():
         by_canonical.setdefault(canonical, []).append(alias)
     return [" = ".join([*sorted(alias_list), canonical]) for canonical, alias_list in sorted(by_canonical.items())]
+
+
+def shares_weight(model: nn.Module, first_module: str, second_module: str) -> bool:
+    """Whether two modules' `weight` is one parameter object in `model` (a head tied to its input embeddings)."""
+    aliases = tied_aliases(model)
+    first, second = f"{first_module}.weight", f"{second_module}.weight"
+    return aliases.get(first, first) == aliases.get(second, second)

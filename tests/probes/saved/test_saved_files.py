@@ -407,3 +407,53 @@ def test_the_saved_files_of_healthy_families_raise_nothing(family, name, tmp_pat
     assert not {c: v for c, v in verdicts.items() if v in ("fail", "error", "warn")}, verdicts
     assert verdicts["tokenizer.vocab"] == verdicts["tokenizer.special_tokens"] == "skip"
     assert verdicts["adapter.weights"] == verdicts["adapter.targets"] == "skip"  # a full checkpoint: no adapter
+
+
+# --- config.tied_embeddings asks the model as transformers builds it, not the top-level flag ---------------------
+def tiny_cpmant(folder: Path) -> Path:
+    from transformers import CpmAntConfig, CpmAntForCausalLM
+
+    torch.manual_seed(0)
+    # CpmAntForCausalLM._tied_weights_keys = {}: its head is saved apart although tie_word_embeddings defaults to true
+    CpmAntForCausalLM(CpmAntConfig(vocab_size=120, hidden_size=32, num_attention_heads=2, dim_head=16, dim_ff=64,
+                                   num_hidden_layers=1, prompt_length=4, prompt_types=2)).save_pretrained(folder)
+    return folder
+
+
+def tiny_vision_encoder_decoder(folder: Path) -> Path:
+    from transformers import BertConfig, VisionEncoderDecoderConfig, VisionEncoderDecoderModel, ViTConfig
+
+    torch.manual_seed(0)
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(
+        ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
+                  patch_size=16),
+        BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))
+    # the composite's top-level tie_word_embeddings is false; the BERT decoder's own config ties its head
+    VisionEncoderDecoderModel(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_class_that_ties_nothing_under_a_tied_flag_passes_and_fails_without_its_head(copy_of, tmp_path):
+    healthy = tiny_cpmant(tmp_path / "cpmant")
+    assert json.loads((healthy / "config.json").read_text())["tie_word_embeddings"] is True
+    f = finding("config.tied_embeddings", healthy)
+    assert f.verdict == "pass" and f.evidence["tied_by_model"] is False and "CpmAntForCausalLM" in f.detail
+    headless = copy_of(healthy, "headless")
+    rewrite = {k: v for k, v in load_file(str(headless / "model.safetensors")).items() if k != "lm_head.weight"}
+    save_file(rewrite, str(headless / "model.safetensors"), metadata={"format": "pt"})
+    f = finding("config.tied_embeddings", headless)
+    assert f.verdict == "fail" and "no lm_head" in f.title and "CpmAntForCausalLM ties no head" in f.detail
+    assert "tie_word_embeddings" not in f.fix  # the flag is already true: setting it changes nothing here
+
+
+def test_an_encoder_decoder_tied_by_its_decoder_config_passes_and_fails_once_the_decoder_unties(copy_of, edit_json,
+                                                                                               tmp_path):
+    healthy = tiny_vision_encoder_decoder(tmp_path / "ved")
+    f = finding("config.tied_embeddings", healthy)
+    assert f.verdict == "pass" and f.evidence["tied_by_model"] is True
+    assert f.evidence["tie_word_embeddings"] is False and f.evidence["output_tensor"] is None
+    untied = copy_of(healthy, "untied-decoder")
+    decoder = json.loads((untied / "config.json").read_text())["decoder"]
+    edit_json(untied / "config.json", decoder={**decoder, "tie_word_embeddings": False})
+    f = finding("config.tied_embeddings", untied)
+    assert f.verdict == "fail" and "decoder.cls.predictions.decoder" in f.title

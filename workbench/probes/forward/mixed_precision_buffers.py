@@ -4,7 +4,10 @@
 forward but never buffers. A frozen module whose fp32 buffer enters its arithmetic (Gemma-4's vision `std_bias` /
 `std_scale`) then turns bf16 activations back into fp32 (trainable modules' buffers are left alone just the same), and the next bf16 matmul raises. This probe simulates
 the policy on the prepared model — floating parameters cast to the compute dtype, buffers left alone — runs the
-forward under the dtype tracer, and restores every parameter afterwards.
+forward under the dtype tracer, and restores every parameter afterwards. Parameters the class declares in
+`_keep_in_fp32_modules(_strict)` stay as they are, as they would in a unit of their own with an fp32 policy
+(Inkling2's router computes `hidden.float()` against `mlp.gate.weight`: cast, the class itself breaks). A break in
+a library class's own code (`library_dtype_break`: MRA's attention returns fp32) is named as the class's.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from workbench.model.components import ComponentClassifier, unwrap_model
 from workbench.model.dtypes import compute_dtype_of, dtype_name, keep_in_fp32_matcher, off_compute_dtype
 from workbench.model.forward import run_forward
 from workbench.probes.dtype.tracer import DtypeTracer
+from workbench.probes.forward.library_dtype_break import library_break_fix, library_dtype_break
 
 
 @dataclasses.dataclass(repr=False)
@@ -33,11 +37,14 @@ class BufferResult(ProbeResult):
     error: str | None  # the simulated forward raised
     diagnosis: dict[str, Any] | None
     inputs_how: str = ""
+    kept_fp32: list[str] = dataclasses.field(default_factory=list)  # declared-fp32 parameters left uncast
+    library_break: dict[str, Any] | None = None  # the simulated forward breaks in a library class's own code
 
     def findings(self) -> list[Finding]:
         evidence = {"compute_dtype": self.compute_dtype, "buffers": self.buffers[:40], "promoting": self.promoting,
                     "forward_error": self.error, "diagnosis": self.diagnosis, "inputs": self.inputs_how,
-                    "simulated": "FSDP2 MixedPrecisionPolicy(param_dtype): parameters cast, buffers untouched"}
+                    "simulated": "FSDP2 MixedPrecisionPolicy(param_dtype): parameters cast, buffers untouched",
+                    "kept_fp32_parameters": self.kept_fp32[:20], "library_class": self.library_break}
         fix = (f"Cast frozen modules' buffers to {self.compute_dtype} before fully_shard (e.g. "
                f"module.to(torch.{self.compute_dtype}) for frozen, unsharded submodules), or keep those modules out "
                "of the mixed-precision unit.")
@@ -53,6 +60,15 @@ class BufferResult(ProbeResult):
                             f"{first.get('out') or 'float32'}",
                             (f"The forward fails: {self.error}. " if self.error else "")
                             + (f"Traced: {self.diagnosis['summary']}." if self.diagnosis else ""), evidence, fix)]
+        library = self.library_break
+        if self.error and library:
+            return [Finding("forward.mixed_precision_buffers", "warn",
+                            f"Under FSDP-style mixed precision the forward breaks in transformers' own "
+                            f"{library['class']}, not in a buffer",
+                            f"{self.error}. {library['how']} ({library['source']}, transformers "
+                            f"{library['transformers']}): with every parameter in {self.compute_dtype}, the module "
+                            "that receives it raises. No buffer is at fault.", evidence,
+                            library_break_fix(library, self.compute_dtype))]
         if self.error:  # the batch runs as prepared, but not with every parameter cast: not a buffer's doing
             return [Finding("forward.mixed_precision_buffers", "error",
                             "The forward with parameters cast to the compute dtype fails, and not in a buffer's module",
@@ -96,15 +112,20 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
     # FSDP2's MixedPrecisionPolicy casts floating forward inputs to param_dtype too (cast_forward_inputs=True)
     inputs = {k: v.to(compute) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
     saved: dict[nn.Parameter, torch.dtype] = {}
+    kept: list[str] = []
     was_training = model.training
     try:
-        for p in model.parameters():
-            if p.dtype.is_floating_point and p.dtype != compute:
+        for pname, p in model.named_parameters():
+            short = pname[len(prefix) + 1:] if prefix and pname.startswith(prefix + ".") else pname
+            if p.dtype.is_floating_point and p.dtype != compute and keep_fp32(short):
+                kept.append(pname)  # the class keeps it in fp32: its own unit, its own policy
+            elif p.dtype.is_floating_point and p.dtype != compute:
                 saved[p] = p.dtype
                 p.data = p.data.to(compute)
         model.train()
         with DtypeTracer(model) as tracer:
             _out, exc = run_forward(model, inputs, "no autocast", compute)
+        library = library_dtype_break(model, tracer, compute) if exc is not None else None  # parameters still cast
     finally:
         for p, dtype in saved.items():
             p.data = p.data.to(dtype)
@@ -116,4 +137,5 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
         if owner and call.outputs and call.outputs[0] != name and name in call.inputs:
             promoting.append({**owner, "module": call.path, "in": ",".join(call.inputs), "out": call.outputs[0]})
     error = f"{type(exc).__name__}: {str(exc)[:300]}" if exc is not None else None
-    return BufferResult(name, buffers, promoting, error, tracer.diagnosis() if exc is not None else None, how)
+    return BufferResult(name, buffers, promoting, error, tracer.diagnosis() if exc is not None else None, how,
+                        kept, library)

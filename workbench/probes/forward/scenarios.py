@@ -25,6 +25,7 @@ from workbench.model.dtypes import compute_dtype_of
 from workbench.model.forward import logits_of, run_forward
 from workbench.model.memory import free_memory
 from workbench.probes.dtype.tracer import DtypeTracer
+from workbench.probes.forward.library_dtype_break import library_break_fix, library_dtype_break
 
 CONTEXTS = ("no autocast", "autocast", "replica thread under autocast")
 DTYPE_ERROR = re.compile(r"dtype|BFloat16|Half|Float|Double", re.I)
@@ -109,6 +110,7 @@ class ForwardResult(ProbeResult):
     flow: list[dict[str, Any]]
     failing_module: str | None = None  # innermost module that raised in the traced cell
     layout_note: str | None = None  # set when bitsandbytes' CPU inference repack was held back for the diagnosis
+    library_break: dict[str, Any] | None = None  # the traced dtype break is the library class's own doing
 
     def to_frame(self):
         import pandas as pd
@@ -128,14 +130,22 @@ class ForwardResult(ProbeResult):
         if self.layout_note:
             evidence["bitsandbytes_cpu_layout"] = self.layout_note
         fix = fix_for(self.diagnosis)
+        library = self.library_break
+        if library:
+            evidence["library_class"] = library
+            fix = library_break_fix(library, self.compute_dtype)
         if failed:
             by_error: dict[str, list[str]] = {}
             for c in failed:
                 by_error.setdefault(c.error or "NaN/inf in the output", []).append(c.label)
             passing = sorted({c.context for c in self.cells if c.ok and not c.nonfinite})
+            where = (f" in transformers' own {library['class']}, not in your checkpoint" if library
+                     else f", e.g. {failed[0].label}")
             scenarios = Finding("forward.scenarios", "fail",
-                                f"{len(failed)} of {len(self.cells)} forward scenarios fail, e.g. {failed[0].label}",
-                                " ".join(f"{err} — in {len(labels)} cell(s): {', '.join(labels[:4])}"
+                                f"{len(failed)} of {len(self.cells)} forward scenarios fail{where}",
+                                (f"{library['how']} ({library['source']}, transformers {library['transformers']}). "
+                                 if library else "")
+                                + " ".join(f"{err} — in {len(labels)} cell(s): {', '.join(labels[:4])}"
                                          + ("…" if len(labels) > 4 else "") + "." for err, labels in by_error.items())
                                 + (f" Passing contexts: {', '.join(passing)}." if passing else ""),
                                 evidence, fix)
@@ -146,7 +156,14 @@ class ForwardResult(ProbeResult):
         flow_evidence = {"traced": self.traced_cell, "diagnosis": self.diagnosis, "flow": self.flow,
                          **({"bitsandbytes_cpu_layout": self.layout_note} if self.layout_note else {})}
         traced_error = next((c.error for c in failed if c.label == self.traced_cell), None) or ""
-        if self.diagnosis and self.diagnosis["raised"] and DTYPE_ERROR.search(traced_error):
+        if library:
+            flow_evidence["library_class"] = library
+            flow = Finding("forward.dtype_flow", "fail",
+                           f"transformers' {library['class']} (`{library['module']}`) breaks the "
+                           f"{self.compute_dtype} forward",
+                           f"Traced {self.traced_cell}: {library['how']} ({library['source']}, transformers "
+                           f"{library['transformers']}); {traced_error}", flow_evidence, fix)
+        elif self.diagnosis and self.diagnosis["raised"] and DTYPE_ERROR.search(traced_error):
             flow = Finding("forward.dtype_flow", "fail", self.diagnosis["summary"],
                            f"Traced {self.traced_cell}: `{self.diagnosis['module']}` receives "
                            f"{self.diagnosis['input_dtype']} against its {self.diagnosis['module_weight']} weight"
@@ -199,5 +216,7 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
     finally:
         model.train(was_training)
     failing_call = tracer.failing_call()
+    library = (library_dtype_break(model, tracer, compute)
+               if failing is not None and DTYPE_ERROR.search(failing.error or "") else None)
     return ForwardResult(cells, how, str(compute).removeprefix("torch."), chosen.label, tracer.diagnosis(),
-                         tracer.flow(), failing_call.path if failing_call else None, held_layout_note(model))
+                         tracer.flow(), failing_call.path if failing_call else None, held_layout_note(model), library)

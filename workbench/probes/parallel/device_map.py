@@ -1,11 +1,16 @@
 """Where layers go: the loaded model's `hf_device_map`, and what `device_map="auto"|"balanced"|...` would give
 on N GPUs, predicted on the meta device by transformers' own `_get_device_map` (accelerate underneath) — the
 same call from_pretrained makes — without a GPU and without reading a weight.
+
+A prediction that raises is asked again with memory no model exceeds: raising there too, the planner itself fails on
+this model class whatever the budget (a bug of the library, named with the frame it raised in), which is not the
+"does not fit / bitsandbytes refuses cpu entries" the user's budget decides.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from typing import Any
 
 from workbench.display.result import ProbeResult
@@ -14,6 +19,15 @@ from workbench.model.components import unwrap_model
 
 DEFAULT_GPU_MEMORY = "80GiB"
 DEFAULT_CPU_MEMORY = "64GiB"
+UNBOUNDED_MEMORY = 2**50  # bytes (1 PiB), more than any model: a planner that still raises does so whatever the budget
+
+# Crashes of transformers' own device-map planner, by (exception type, function it raised in): the upstream issue.
+# transformers 5.23 integrations/accelerate.py:88 `get_module_size_with_ties` indexes the modules still to place for
+# every tied parameter outside the current module; one already placed with an earlier tie group (UDOP: `shared` is
+# placed with `encoder` and `decoder`, then `patch_embed` is tied into the encoder) leaves the list empty.
+KNOWN_PLANNER_CRASHES: dict[tuple[str, str], str] = {
+    ("IndexError", "get_module_size_with_ties"): "transformers #35824 (IndexError in get_module_size_with_ties)",
+}
 
 
 @dataclasses.dataclass
@@ -21,6 +35,7 @@ class DeviceMapSummary:
     scenario: str
     device_map: dict[str, Any] | None
     error: str | None = None
+    planner_crash: dict[str, Any] | None = None  # the planner raises with unbounded memory too: where, and the issue
 
     @property
     def gpus(self) -> list[Any]:
@@ -60,14 +75,31 @@ def predict_device_map(config, spec: str, gpus: int, max_memory: dict, quant: st
 
     skeleton, hf_quantizer = meta_model(config, dtype, bnb_config(quant, model_class=model_class_for(config)))
     budget = {k: v for k, v in max_memory.items() if not isinstance(k, int) or k < gpus}
+    scenario = f'device_map="{spec}" on {gpus} GPU(s) (predicted)'
     try:
         device_map = _get_device_map(skeleton, spec, budget, hf_quantizer)
     except Exception as exc:  # noqa: BLE001 - e.g. bitsandbytes refusing cpu/disk entries: that is the finding
-        return DeviceMapSummary(f'device_map="{spec}" on {gpus} GPU(s) (predicted)', None,
-                                f"{type(exc).__name__}: {str(exc)[:300]}")
+        unbounded = {**{i: UNBOUNDED_MEMORY for i in range(gpus)}, "cpu": UNBOUNDED_MEMORY}
+        try:
+            _get_device_map(skeleton, spec, unbounded, hf_quantizer)
+            crash = None
+        except Exception as again:  # noqa: BLE001 - the same raise whatever the memory: the planner's own failure
+            crash = planner_crash(again, type(skeleton).__name__) if type(again) is type(exc) else None
+        return DeviceMapSummary(scenario, None, f"{type(exc).__name__}: {str(exc)[:300]}", crash)
     if device_map and len(set(device_map.values())) == 1:
         device_map = {"": next(iter(device_map.values()))}  # as from_pretrained records a one-device map
-    return DeviceMapSummary(f'device_map="{spec}" on {gpus} GPU(s) (predicted)', dict(device_map))
+    return DeviceMapSummary(scenario, dict(device_map))
+
+
+def planner_crash(exc: BaseException, model_class: str) -> dict[str, Any]:
+    """Where the device-map planner raised (its innermost frame), with the upstream issue when it is a known one."""
+    import transformers
+
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    where = f"{frame.filename.rsplit('site-packages/', 1)[-1]}:{frame.lineno} ({frame.name})"
+    return {"model_class": model_class, "exception": f"{type(exc).__name__}: {str(exc)[:200]}", "raised_in": where,
+            "transformers": transformers.__version__,
+            "upstream": KNOWN_PLANNER_CRASHES.get((type(exc).__name__, frame.name))}
 
 
 def loaded_device_map(model) -> DeviceMapSummary:
@@ -101,6 +133,20 @@ class DeviceMapResult(ProbeResult):
                             "for 4-bit without llm_int8_enable_fp32_cpu_offload).", evidence,
                             "Free GPU memory before loading (gc.collect(); torch.cuda.empty_cache()), give max_memory "
                             "room, or quantize; check hf_device_map after every load.")]
+        crashes = [s for s in self.predictions if s.planner_crash]
+        if crashes:
+            crash = crashes[0].planner_crash
+            upstream = f"; upstream: {crash['upstream']}" if crash["upstream"] else ""
+            evidence["planner_crash"] = crash
+            return [Finding("parallel.device_map", "warn",
+                            f"{crashes[0].scenario} raises inside transformers' own planner for "
+                            f"{crash['model_class']}, whatever the memory",
+                            f"{crash['exception']} in {crash['raised_in']} (transformers {crash['transformers']}), "
+                            f"with the given budget and with unbounded memory alike: the library's planner fails on "
+                            f"the {crash['model_class']} class, not on your checkpoint or budget{upstream}.", evidence,
+                            "Do not load this class with device_map=\"auto\"/\"balanced\": on one GPU pass "
+                            "device_map={\"\": 0}; to shard, write the device_map dict yourself, keeping tied "
+                            "modules on one device.")]
         if errors or offloads:
             first = (errors or offloads)[0]
             return [Finding("parallel.device_map", "warn", f"{first.scenario} would offload or fail{budget_note}",

@@ -1,10 +1,13 @@
 """config.json and generation_config.json against the tensors they describe.
 
-- `config.tied_embeddings`: tie_word_embeddings against the tensors. A tied config with an adapter that trains or
-  saves lm_head / embed_tokens separately (after merge and reload the tie overwrites one with the other: peft
-  #2777, #1750); a tied config over a checkpoint whose head differs from its embeddings (loading overwrites the
-  head); an untied config whose checkpoint has no head (it loads randomly initialised); identical tensors
-  declared untied. Tensors are compared by shape and sampled bytes (the first and last 4 KiB of each).
+- `config.tied_embeddings`: the tie against the tensors. Whether the head is tied is asked from the model as
+  from_pretrained builds it (the meta skeleton, tied by transformers' own `tie_weights()`: the class's
+  `_tied_weights_keys` under its sub-configs' `tie_word_embeddings`), not read from the top-level flag alone: CPM-Ant
+  declares `tie_word_embeddings` and ties nothing, an encoder-decoder composite ties its decoder's head under the
+  decoder's config. A tied head with an adapter that trains or saves lm_head / embed_tokens separately (after merge
+  and reload the tie overwrites one with the other: peft #2777, #1750); a tied head saved apart from, and different
+  from, its embeddings; an untied head the checkpoint lacks (it loads randomly initialised); identical tensors left
+  untied. Tensors are compared by shape and sampled bytes (the first and last 4 KiB of each).
 - `config.quantization`: quantization_config against the dtypes in the weights: a 16-bit (merged) model still
   declaring bitsandbytes 4-bit (unsloth #1601), quantized weights with no declaration, an adapter whose base is
   pre-quantized (merging into it rounds the update away: transformers #31293, peft #2321).
@@ -20,6 +23,7 @@ from typing import Any
 from workbench.display.nodes import facts_table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
+from workbench.model.tied import shares_weight
 from workbench.probes.saved.files import SavedFiles, adapter_module
 
 TIED = "config.tied_embeddings"
@@ -31,7 +35,9 @@ GENERATION = "config.generation"
 @dataclasses.dataclass(repr=False)
 class TiedEmbeddingsResult(ProbeResult):
     config_path: str
-    tie_word_embeddings: bool | None = None
+    tie_word_embeddings: bool | None = None  # config.json's flag (the text config's for a VLM)
+    tied_by_model: bool | None = None  # the head is its input embeddings' parameter once built (None: not built)
+    model_class: str | None = None
     input_module: str | None = None
     output_module: str | None = None
     input_tensor: str | None = None  # in the checkpoint's headers
@@ -42,43 +48,60 @@ class TiedEmbeddingsResult(ProbeResult):
 
     def findings(self) -> list[Finding]:
         evidence = dataclasses.asdict(self)
-        tied = self.tie_word_embeddings
+        tied = self.tied
+        ties = f"{self.model_class} ties them" if self.tied_by_model else "config.json ties them"
         if tied and self.adapter_touches and not self.ensure_weight_tying:
-            return [Finding(TIED, "fail", "The adapter trains the head / embeddings separately while config.json "
+            return [Finding(TIED, "fail", "The adapter trains the head / embeddings separately while the model "
                             "ties them",
-                            f"tie_word_embeddings is true, and the adapter {'; '.join(self.adapter_touches)}."
+                            f"{ties}, and the adapter {'; '.join(self.adapter_touches)}."
                             " After merge_and_unload and a reload, the tie copies one matrix over the other: the "
                             "trained head (or embeddings) is overwritten (peft #2777, #1750).", evidence,
                             "Train both as one: `LoraConfig(..., ensure_weight_tying=True)` (PEFT ≥ 0.18), or untie "
                             "before training and save that: `model.config.tie_word_embeddings = False`.")]
         if tied and self.input_tensor and self.output_tensor and self.same_bytes is False:
-            return [Finding(TIED, "fail", "config.json ties the embeddings, but the checkpoint's head differs from "
-                            "them", f"{self.output_tensor} and {self.input_tensor} are both saved and differ; "
-                            "loading with tie_word_embeddings=true replaces the head by the embeddings, dropping "
-                            "the trained head.", evidence,
+            return [Finding(TIED, "fail", "The model ties the embeddings, but the checkpoint's head differs from "
+                            "them", f"{self.output_tensor} and {self.input_tensor} are both saved and differ, and "
+                            f"{ties} (tie_word_embeddings: {self.tie_word_embeddings}). transformers 5.x then keeps "
+                            "both and warns (modeling_utils `tie_weights`: 'both are present in the checkpoints with "
+                            "different values, so we will NOT tie them'); transformers 4.x ties them, replacing the "
+                            "trained head by the embeddings.", evidence,
                             "Set `\"tie_word_embeddings\": false` in config.json (the saved head is the trained "
                             "one), or re-save from the training run with the tie it had.")]
         if tied is False and self.output_module and self.input_tensor and not self.output_tensor:
+            untied_by = (f"{self.model_class} ties no head to its embeddings" if self.tied_by_model is False
+                         else "tie_word_embeddings is false")
             return [Finding(TIED, "fail", f"Untied embeddings, but the checkpoint has no {self.output_module}",
-                            "tie_word_embeddings is false and no head tensor is saved: from_pretrained initialises "
-                            "the head at random (a warning lists it as newly initialized).", evidence,
-                            "Set `\"tie_word_embeddings\": true` in config.json if the model was tied, or save the "
-                            "head (`model.save_pretrained(folder)` saves it when untied).")]
+                            f"{untied_by} and no head tensor is saved: from_pretrained initialises the head at random "
+                            "(a warning lists it as newly initialized).", evidence,
+                            "Save the head (`model.save_pretrained(folder)` saves it when untied)"
+                            + ("" if self.tie_word_embeddings else ", or set `\"tie_word_embeddings\": true` in "
+                               "config.json if the model was tied") + ".")]
         if tied is False and self.input_tensor and self.output_tensor and self.same_bytes:
-            return [Finding(TIED, "warn", "Identical embeddings and head declared untied",
-                            f"{self.input_tensor} and {self.output_tensor} hold the same values but "
-                            "tie_word_embeddings is false: the model carries two copies, and training will let "
-                            "them drift apart where the original model kept one.", evidence,
+            return [Finding(TIED, "warn", "Identical embeddings and head, left untied",
+                            f"{self.input_tensor} and {self.output_tensor} hold the same values but the model does "
+                            "not tie them: it carries two copies, and training will let them drift apart where the "
+                            "original model kept one.", evidence,
                             "If the model was tied, set `\"tie_word_embeddings\": true` in config.json.")]
         state = {True: "tied", False: "untied", None: "no tie_word_embeddings"}[tied]
+        flag_note = (f"; {self.model_class} as transformers builds it {'ties the head' if tied else 'ties no head'}"
+                     f" to its embeddings (config.json's top-level tie_word_embeddings: {self.tie_word_embeddings})"
+                     if self.tied_by_model is not None and self.tie_word_embeddings is not None
+                     and self.tied_by_model != self.tie_word_embeddings else "")
         return [Finding(TIED, "pass", f"Embeddings {state}, consistent with the tensors",
                         f"Head {self.output_tensor or 'not saved'}, embeddings {self.input_tensor or 'not saved'}"
+                        + flag_note
                         + ("; the adapter keeps the tie (ensure_weight_tying)" if self.ensure_weight_tying and
                            self.adapter_touches else "") + ".", evidence)]
 
+    @property
+    def tied(self) -> bool | None:
+        """The tie from_pretrained makes: the built model's answer, else config.json's flag."""
+        return self.tie_word_embeddings if self.tied_by_model is None else self.tied_by_model
+
     def details(self):
         return facts_table([
-            ("tie_word_embeddings", self.tie_word_embeddings), ("input embeddings", self.input_tensor),
+            ("tie_word_embeddings", self.tie_word_embeddings), ("head tied once built", self.tied_by_model),
+            ("input embeddings", self.input_tensor),
             ("output embeddings (head)", self.output_tensor), ("same values (sampled)", self.same_bytes),
             ("adapter", "; ".join(self.adapter_touches) or None)])
 
@@ -103,6 +126,10 @@ def tied_embeddings_probe(files: SavedFiles) -> TiedEmbeddingsResult:
     result = TiedEmbeddingsResult(str(files.model_dir / "config.json"), tie_setting(files))
     result.input_module = files.embedding_modules.get("input")
     result.output_module = files.embedding_modules.get("output")
+    if files.skeleton is not None and result.input_module and result.output_module:
+        skeleton = files.skeleton[0]
+        result.model_class = type(skeleton).__name__
+        result.tied_by_model = shares_weight(skeleton, result.input_module, result.output_module)
     entries = {}
     for kind in ("input", "output"):
         module = getattr(result, f"{kind}_module")
