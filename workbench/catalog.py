@@ -311,8 +311,10 @@ CHECKS: tuple[Check, ...] = (
        "bitsandbytes quantizer, verified by a real load where the checkpoint is small?",
        "the census under 4-bit and 8-bit, predicted on the meta device with transformers' own bitsandbytes quantizer "
        "on a skeleton tied as from_pretrained ties it (`tie_weights()`: T5's `shared` / `encoder.embed_tokens` / "
-       "`decoder.embed_tokens` / `lm_head` are one tensor), and verified by a real load when the checkpoint is below "
-       "`real_quant_max_bytes`; a \"tied (counted once)\" column shows the tied names of each scenario",
+       "`decoder.embed_tokens` / `lm_head` are one tensor); every tensor the quantizer leaves alone takes the dtype "
+       "transformers' loader gives it (the class's `_get_dtype_plan`: `_keep_in_fp32_modules` in fp16 loads only, "
+       "`_keep_in_fp32_modules_strict` in fp16 and bf16; else the dtype the class builds it in), and the whole is "
+       "verified by a real load when the checkpoint is below `real_quant_max_bytes`; a \"tied (counted once)\" column shows the tied names of each scenario",
        **{"pass": "prediction (and, where run, the real load) agree",
           "warn": "prediction and real load disagree"}),
     _c("dtype.fp32_islands", "01_dtype_distribution",
@@ -325,13 +327,18 @@ CHECKS: tuple[Check, ...] = (
        "finding names the peft release: it casts every non-quantized fp16/bf16 parameter to fp32, and bitsandbytes' "
        "k-bit layers return their input's dtype, so activations stay fp32 and meet no bf16 weight); and *contained* "
        "tensors, of a module that returns its input's dtype when called on a tiny compute-dtype input (Gemma 3's "
-       "RMSNorm `output.type_as(x)`, `nn.LayerNorm`, a Linear4bit's fp32 bias). Suspicious (warn): the rest — e.g. "
+       "RMSNorm `output.type_as(x)`, `nn.LayerNorm`, a Linear4bit's fp32 bias) or, in one traced eval forward of "
+       "the diagnosis batch, of a module that hands back the compute dtype (a positions table judged by the module "
+       "that consumes it); a buffer in a tower the batch never reaches is contained when a traced module of the "
+       "same class is, else the class's own choice when the class builds it in that dtype (rebuilt on meta). "
+       "Suspicious (warn): the rest — e.g. "
        "fp32 Llama/Qwen2/Mistral norms (`weight * x.to(input_dtype)` is fp32) before a bf16 head, and a k-bit model "
        "that mixes fp32 with non-quantized half-precision parameters (older trl's `peft_module_casting_to_bf16`: the "
        "demo's `qlora_trl_legacy` set-up), named in the detail",
        **{"pass": "none",
           "info": "only intentional or contained ones (rotary buffers, _keep_in_fp32_modules, PEFT's fp32 adapters, "
-          "prepare_model_for_kbit_training's upcast, norms that return their input's dtype)",
+          "the all-fp32 state of prepare_model_for_kbit_training, tensors whose module hands back the compute dtype "
+          "in a traced forward, tables the class itself builds in fp32 in a tower the batch does not reach)",
           "warn": "islands that can promote activations"}),
     _c("parallel.trainer_wrap", "02_dataparallel",
        "Will the installed transformers.Trainer wrap the model in nn.DataParallel with N GPUs; effective n_gpu, "

@@ -3,7 +3,9 @@
 They are harmless while autocast covers the forward, and crash it where autocast does not reach (DataParallel
 replica threads, FSDP mixed precision casting parameters but not buffers): a bf16 activation meets an fp32
 norm or buffer, becomes fp32, and the next bf16 matmul raises `float != BFloat16`. Known-intentional ones
-(rotary frequencies, `_keep_in_fp32_modules`, PEFT adapter weights kept in fp32) are reported as info.
+(rotary frequencies, `_keep_in_fp32_modules`, PEFT adapter weights kept in fp32, the all-fp32 state of
+prepare_model_for_kbit_training) and contained ones (`containment`: the module holding the tensor, traced in a
+forward of the diagnosis batch, hands back the compute dtype) are reported as info.
 
 Rotary buffers are recognised by the module that owns them, not by their name (Gemma 3 registers
 `sliding_attention_inv_freq` beside `full_attention_inv_freq`): a non-persistent buffer of a rotary module, one whose
@@ -23,10 +25,21 @@ from workbench.display.nodes import Bold, Display, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.components import ComponentClassifier, unwrap_model
-from workbench.model.dtypes import compute_dtype_of, dtype_name, keep_in_fp32_matcher, off_compute_dtype
-from workbench.model.forward import run_forward
+from workbench.model.dtypes import (
+    OffDtypeTensor,
+    compute_dtype_of,
+    dtype_name,
+    keep_in_fp32_matcher,
+    off_compute_dtype,
+)
 from workbench.model.tied import tied_aliases, tied_notes
-from workbench.probes.dtype.tracer import DtypeTracer
+from workbench.probes.dtype.containment import (
+    NOT_TRACED,
+    TracedForward,
+    class_built_dtypes,
+    returns_input_dtype,
+    traced_containment,
+)
 
 
 @dataclasses.dataclass
@@ -179,53 +192,6 @@ def kbit_upcast_reason(model: nn.Module, adapter_names: set[str],
             "and return their input's dtype, so no fp32 output meets a half-precision weight"), half, peft
 
 
-def returns_input_dtype(module: nn.Module, compute_dtype: torch.dtype) -> bool:
-    """Whether a module hands back the dtype it is given whatever its own tensors' dtype, asked by calling it on a
-    tiny input of the compute dtype. Only leaf-like modules whose input width is known are asked: norm-like ones
-    (their parameters 1-D: Gemma 3's RMSNorm computes in fp32 and returns `output.type_as(x)`, Llama's returns
-    `weight * x.to(input_dtype)`, fp32 for an fp32 weight) and layers with `in_features` (bitsandbytes' Linear4bit
-    casts its fp32 bias to its compute dtype and returns `.to(inp_dtype)`; a plain fp32 Linear raises)."""
-    own = [p for _, p in module.named_parameters(recurse=False)]
-    if not own or len(own) != sum(1 for _ in module.parameters()):
-        return False
-    width = getattr(module, "in_features", None)
-    if not isinstance(width, int):
-        if any(p.dim() != 1 for p in own):
-            return False
-        width = own[0].shape[0]
-    device = own[0].device
-    if device.type == "meta":
-        return False
-    try:
-        with torch.no_grad():
-            out = module(torch.randn(1, 2, width, dtype=compute_dtype, device=device))
-    except Exception:  # noqa: BLE001 - a module that cannot take a plain tensor: not known to be contained
-        return False
-    return isinstance(out, torch.Tensor) and out.dtype == compute_dtype
-
-
-def buffer_owners_returning_compute(model: nn.Module, inputs: dict, compute_dtype: torch.dtype,
-                                    owners: set[str]) -> set[str]:
-    """Of the modules named in `owners` (holders of an off-dtype buffer), those that, in one eval forward of
-    `inputs` without autocast, return the compute dtype whenever they are given it: their buffer never reaches
-    the activations (CodeGen's fp32 `embed_positions` table, whose attention computes in fp32 and casts back)."""
-    name = dtype_name(compute_dtype)
-    was_training = model.training
-    model.eval()
-    try:
-        with DtypeTracer(model) as tracer:
-            _out, exc = run_forward(model, inputs, "no autocast", compute_dtype)
-    finally:
-        model.train(was_training)
-    if exc is not None:
-        return set()
-    verdict: dict[str, bool] = {}
-    for call in tracer.calls:
-        if call.path in owners and call.outputs and name in call.inputs:
-            verdict[call.path] = verdict.get(call.path, True) and all(o == name for o in call.outputs)
-    return {path for path, kept in verdict.items() if kept}
-
-
 def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
                  classifier: ComponentClassifier | None = None, inputs: dict | None = None) -> Islands:
     compute_dtype = compute_dtype or compute_dtype_of(model)
@@ -235,40 +201,87 @@ def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
     adapter_names = _adapter_parameter_names(model)
     quantized = bool(getattr(inner, "is_loaded_in_4bit", False) or getattr(inner, "is_loaded_in_8bit", False))
     kbit_reason, half, peft = kbit_upcast_reason(model, adapter_names, compute_dtype) if quantized else (None, [], "")
-    islands: list[Island] = []
-    contained: dict[int, bool] = {}  # per module, asked only when needed
-    buffers_kept: set[str] = set()
-    if inputs is not None:
-        owners = {off.module_name for off in off_compute_dtype(model, compute_dtype, kinds=("buffer",))
-                  if not off.rotary}
-        buffers_kept = buffer_owners_returning_compute(model, inputs, compute_dtype, owners) if owners else set()
-    for off in off_compute_dtype(model, compute_dtype):  # a tied parameter is one island, not two
-        module, name, tensor = off.module, off.name, off.tensor
-        inner_name = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
-        why = None
-        if off.rotary:
-            why = (f"rotary position frequencies ({type(module).__name__}, recomputed from the config) are kept "
-                   "in fp32 on purpose (position precision)")
-        elif keep_fp32(inner_name):
-            why = f"{type(inner).__name__}._keep_in_fp32_modules declares it fp32"
-        elif name in adapter_names:
-            why = "PEFT keeps adapter weights in fp32 (autocast_adapter_dtype) and casts activations around them"
-        elif off.kind == "parameter" and kbit_reason and tensor.dtype == torch.float32:
-            why = kbit_reason
-        elif off.kind == "buffer" and off.module_name in buffers_kept:
-            why = (f"contained: {type(module).__name__} returned {dtype_name(compute_dtype)} for "
-                   f"{dtype_name(compute_dtype)} inputs in a forward of the diagnosis batch, so its "
-                   f"{dtype_name(tensor.dtype)} buffer never reaches the activations")
-        elif off.kind == "parameter":
-            if id(module) not in contained:
-                contained[id(module)] = returns_input_dtype(module, compute_dtype)
-            if contained[id(module)]:
-                why = (f"contained: {type(module).__name__} returns its input's dtype (called on a "
-                       f"{dtype_name(compute_dtype)} input it returned {dtype_name(compute_dtype)}), so its "
-                       f"{dtype_name(tensor.dtype)} weight never reaches the activations")
-        islands.append(Island(name, off.kind, dtype_name(tensor.dtype), classifier.component_of(name),
-                              off.module_frozen, why))
+    compute = dtype_name(compute_dtype)
+    reasons: dict[str, str | None] = {}
+    offs = list(off_compute_dtype(model, compute_dtype))  # a tied parameter is one island, not two
+    for off in offs:
+        reasons[off.name] = _declared_reason(off, inner, prefix, keep_fp32, adapter_names, kbit_reason)
+    direct: dict[int, bool] = {}  # per module, asked only when needed
+    for off in offs:
+        if reasons[off.name] is None and off.kind == "parameter":
+            if id(off.module) not in direct:
+                direct[id(off.module)] = returns_input_dtype(off.module, compute_dtype)
+            if direct[id(off.module)]:
+                reasons[off.name] = (f"contained: {type(off.module).__name__} returns its input's dtype (called on "
+                                     f"a {compute} input it returned {compute}), so its "
+                                     f"{dtype_name(off.tensor.dtype)} weight never reaches the activations")
+    open_holders = {off.module_name for off in offs if reasons[off.name] is None}
+    traced = (traced_containment(model, inputs, compute_dtype, open_holders) if inputs and open_holders
+              else NOT_TRACED)
+    for off in offs:
+        verdict = traced.verdicts.get(off.module_name)
+        if reasons[off.name] is None and verdict is not None and verdict.contained:
+            reasons[off.name] = verdict.reason(off.module_name, type(off.module).__name__, compute,
+                                               dtype_name(off.tensor.dtype))
+    _explain_untraced_buffers(offs, reasons, traced, inner, prefix, compute_dtype)
+    islands = [Island(off.name, off.kind, dtype_name(off.tensor.dtype), classifier.component_of(off.name),
+                      off.module_frozen, reasons[off.name]) for off in offs]
     # frozen modules first, buffers before parameters: the DataParallel-replica and FSDP buffer leaks come from there
     islands.sort(key=lambda i: (i.intentional is not None, not i.module_frozen, i.kind != "buffer", i.name))
     upcast = f"{peft}: prepare_model_for_kbit_training" if kbit_reason else None
-    return Islands(dtype_name(compute_dtype), islands, quantized, tied_aliases(model), half, upcast)
+    return Islands(compute, islands, quantized, tied_aliases(model), half, upcast)
+
+
+def _declared_reason(off: OffDtypeTensor, inner: nn.Module, prefix: str, keep_fp32, adapter_names: set[str],
+                     kbit_reason: str | None) -> str | None:
+    """Why a tensor is off the compute dtype on purpose, read from the model's, PEFT's or the k-bit state's own
+    contract; None when nothing declares it."""
+    inner_name = off.name[len(prefix) + 1:] if prefix and off.name.startswith(prefix + ".") else off.name
+    if off.rotary:
+        return (f"rotary position frequencies ({type(off.module).__name__}, recomputed from the config) are kept "
+                "in fp32 on purpose (position precision)")
+    if keep_fp32(inner_name):
+        return f"{type(inner).__name__}._keep_in_fp32_modules declares it fp32"
+    if off.name in adapter_names:
+        return "PEFT keeps adapter weights in fp32 (autocast_adapter_dtype) and casts activations around them"
+    if kbit_reason and off.tensor.dtype == torch.float32:
+        if off.kind == "parameter":
+            return kbit_reason
+        return ("an fp32 buffer in a k-bit model whose non-quantized parameters are all fp32 (peft's "
+                "prepare_model_for_kbit_training): the activations between the k-bit layers are fp32 like it, so "
+                "it promotes nothing")
+    return None
+
+
+def _explain_untraced_buffers(offs: list[OffDtypeTensor], reasons: dict[str, str | None], traced: TracedForward,
+                              inner: nn.Module, prefix: str, compute_dtype: torch.dtype) -> None:
+    """Buffers left unexplained whose module the traced forward never reached (a tower the batch does not feed,
+    or no batch at all): contained where another module of the same class was traced and contained (the same
+    code), else the class's own choice where the class, loaded in the compute dtype, builds it in this dtype
+    too (a position or frequency table computed in fp32 at construction). A buffer the trace saw promote stays
+    suspicious, and so does one the class would not hold in this dtype (the user's doing)."""
+    pending = [off for off in offs if reasons[off.name] is None and off.kind == "buffer"
+               and off.module_name not in traced.reached]
+    if not pending or traced.raised:  # a forward that raised may have stopped short of them: no excuse for any
+        return
+    compute = dtype_name(compute_dtype)
+    unseen = ("the diagnosis forward did not reach its module" if traced.ran
+              else "no forward of a diagnosis batch ran")
+    contained_classes = {type(off.module): off.module_name for off in offs
+                         if off.module_name in traced.verdicts and traced.verdicts[off.module_name].contained}
+    class_dtypes: dict[str, torch.dtype] | None = None
+    for off in pending:
+        twin = contained_classes.get(type(off.module))
+        if twin is not None:
+            reasons[off.name] = (f"contained: `{twin}`, another {type(off.module).__name__}, kept its "
+                                 f"{dtype_name(off.tensor.dtype)} tensor from the activations in a forward of the "
+                                 "diagnosis batch (the same code); this one was not reached by that batch")
+            continue
+        if class_dtypes is None:
+            class_dtypes = class_built_dtypes(inner, compute_dtype)
+        inner_name = off.name[len(prefix) + 1:] if prefix and off.name.startswith(prefix + ".") else off.name
+        if class_dtypes.get(inner_name) == off.tensor.dtype:
+            reasons[off.name] = (f"built in {dtype_name(off.tensor.dtype)} by {type(inner).__name__} itself (its "
+                                 f"own {compute} load holds it so: {type(off.module).__name__} computes it at "
+                                 f"construction); {unseen}, so whether it stays out of the activations is not "
+                                 "traced")
