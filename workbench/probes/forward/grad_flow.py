@@ -33,6 +33,9 @@ from workbench.model.cpu_half_matmul import describe, fp32_half_matmul
 from workbench.model.dtypes import compute_dtype_of
 from workbench.model.forward import device_type_of
 from workbench.model.heads import loss_of
+from workbench.probes.forward.gradient_causes import BENIGN, cause_of_cut, library_source, tower_of
+from workbench.probes.forward.loss_dependence import loss_response, zero_factors_blocking
+from workbench.probes.forward.loss_reach import LossReachTracer, trainable_names
 
 WRAPPER_PREFIXES = re.compile(r"^(module\.)*(base_model\.model\.)?")
 
@@ -48,7 +51,11 @@ class GradRow:
     role: str  # lora_A | lora_B | other
     status: str  # ok | zero | none
     norm: float | None
-    expected: str | None = None  # why this is normal
+    expected: str | None = None  # why this is normal (a key of gradient_causes.BENIGN), None when it is a break
+    cause: str | None = None  # why no gradient came: a BENIGN key, or checkpoint_cut | code_cut | cut | untraced |
+    #                           loss_moves (zero although the loss moves with it)
+    where: str | None = None  # the evidence: the cut's file:line, the modeling file whose design it is, the choice
+    #                           a shift flips (file:line) or the padding_idx read
 
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -62,11 +69,12 @@ class GradFlowResult(ProbeResult):
     checkpointing: dict[str, Any]
     has_pixels: bool
     inputs_how: str = ""
-    unused: list[str] = dataclasses.field(default_factory=list)  # trainable tensors whose module never ran
+    unused: list[str] = dataclasses.field(default_factory=list)  # trainable tensors this batch's loss never reads
     unexercised: list[str] = dataclasses.field(default_factory=list)  # vision tensors a batch without image skips
     backward_kernels: str | None = None  # set when half-precision products were computed in fp32 (CPU only)
     packed_for_inference: list[str] = dataclasses.field(default_factory=list)  # 4-bit layers handed over packed
     layout_note: str | None = None  # set when bitsandbytes' CPU inference repack was held back for the diagnosis
+    zero_factors: list[str] = dataclasses.field(default_factory=list)  # all-zero tensors shown to block gradients
 
     def to_frame(self):
         import pandas as pd
@@ -79,6 +87,13 @@ class GradFlowResult(ProbeResult):
             out.setdefault(f"{r.component}/{r.role}", Counter())[r.status] += 1
         return {k: dict(v) for k, v in out.items()}
 
+    def by_cause(self) -> dict[str, list[GradRow]]:
+        out: dict[str, list[GradRow]] = {}
+        for r in self.rows:
+            if r.status != "ok":
+                out.setdefault(r.cause or "untraced", []).append(r)
+        return out
+
     def _cause(self, missing: list[GradRow]) -> tuple[str, str]:
         cp = self.checkpointing
         if cp["enabled"] and cp["use_reentrant"] is not False and not cp["input_grad_hook"]:
@@ -86,16 +101,47 @@ class GradFlowResult(ProbeResult):
                     "receive inputs that do not require grad, so nothing inside them gets a gradient",
                     "model.enable_input_require_grads() before training, or gradient_checkpointing_kwargs="
                     "{'use_reentrant': False}")
+        causes = {r.cause for r in missing}
+        if "checkpoint_cut" in causes:
+            names = [r.name for r in missing if r.cause == "checkpoint_cut"]
+            tower = tower_of(names)
+            return (f"reentrant gradient checkpointing cuts {len(names)} tensors under `{tower}`: its checkpointed "
+                    "blocks receive inputs that do not require grad (the input-grad hook covers the text "
+                    "embeddings, not this tower's input), so torch.utils.checkpoint runs them without grad and "
+                    "nothing inside them gets a gradient (huggingface/trl#835, unslothai/unsloth#2142)",
+                    "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False}) "
+                    "(or TrainingArguments(gradient_checkpointing_kwargs={'use_reentrant': False})); or make the "
+                    f"input of `{tower}` require grad, on the base model before get_peft_model: "
+                    f"model.get_submodule('{tower}').register_forward_pre_hook("
+                    "lambda m, args: tuple(a.requires_grad_(True) if torch.is_tensor(a) and a.is_floating_point() "
+                    "else a for a in args))")
+        if "code_cut" in causes:
+            row = next(r for r in missing if r.cause == "code_cut")
+            return (f"code outside the library cuts them from autograd at {row.where} (.detach(), .data or "
+                    "torch.no_grad): the loss reads their values, but no gradient can flow back",
+                    f"Remove the detach at {row.where}, or freeze these tensors if they are not meant to train.")
+        if "loss_moves" in causes:
+            return ("the loss moves when they are shifted by 1 %, yet their gradient is exactly zero: a backward on "
+                    "their path drops it (a custom autograd.Function, a straight-through estimator, a hook)",
+                    "Check the backward of the custom operations between these tensors and the loss.")
         return ("these tensors are off the forward path, or custom code detaches them (.detach(), torch.no_grad)",
                 "Check that the modules run in forward and that no custom code detaches their activations.")
 
     def findings(self) -> list[Finding]:
+        grouped = self.by_cause()
         evidence: dict[str, Any] = {"loss": self.loss, "checkpointing": self.checkpointing,
                                     "per_component": self.summary(),
                                     "missing": [r.as_row() for r in self.rows if r.status != "ok" and not r.expected][:40],
-                                    "expected_zero": sum(1 for r in self.rows if r.expected and r.status == "zero"),
+                                    "expected_zero": len(grouped.get("lora_b_zero", [])),
                                     "inputs": self.inputs_how, "never_run": self.unused[:40],
-                                    "not_exercised": self.unexercised[:40]}
+                                    "not_exercised": self.unexercised[:40],
+                                    "no_gradient_by_design": {
+                                        cause: [{"name": r.name, "where": r.where} for r in rows][:40]
+                                        for cause, rows in grouped.items()
+                                        if cause in ("selection_only", "library_no_grad", "loss_independent",
+                                                     "choice_only", "padding_row_only")}}
+        if self.zero_factors:
+            evidence["zero_factors"] = self.zero_factors[:40]
         if self.backward_kernels:
             evidence["backward_kernels"] = self.backward_kernels
         if self.layout_note:
@@ -124,21 +170,22 @@ class GradFlowResult(ProbeResult):
                             "Gradients None or zero by component: "
                             + ", ".join(f"{k}: {v}" for k, v in self.summary().items()) + f". Cause: {cause}.",
                             evidence, fix)]
-        expected = sum(1 for r in self.rows if r.expected and r.status == "zero")
-        unused = len(self.unused) + len(self.unexercised)
-        title = (f"All {trainable} trainable tensors receive a gradient" if not unused else
-                 f"All {trainable - unused} trainable tensors on the forward path receive a gradient")
-        return [Finding("grad.flow", "info" if unused else "pass", title,
-                        f"loss {self.loss:.4f}" + (f"; {expected} lora_A gradients are exactly zero because their "
-                                                   "lora_B is still zero (normal on a fresh LoRA's first step)"
-                                                   if expected else "")
-                        + (f"; {len(self.unused)} belong to modules whose output never reaches the loss in this "
-                           f"architecture (e.g. {self.unused[0]}): they cannot learn — freeze them, or under DDP "
-                           "pass find_unused_parameters=True" if self.unused else "")
-                        + (f"; {len(self.unexercised)} vision-tower tensors (e.g. {self.unexercised[0]}) were not "
-                           "exercised: no image batch this model accepts could be built, so the tower's gradients "
-                           "are not checked (pass your own batch as forward_inputs)" if self.unexercised else "")
+        off_path = sum(len(rows) for cause, rows in grouped.items() if cause != "lora_b_zero")
+        title = (f"All {trainable} trainable tensors receive a gradient" if not off_path else
+                 f"All {trainable - off_path} trainable tensors on this batch's loss path receive a gradient")
+        return [Finding("grad.flow", "info" if off_path else "pass", title,
+                        f"loss {self.loss:.4f}" + "".join(self._explain(cause, rows) for cause, rows in grouped.items())
                         + (f". Inputs: {self.inputs_how}" if self.inputs_how else ""), evidence)]
+
+    def _explain(self, cause: str, rows: list[GradRow]) -> str:
+        first = rows[0]
+        if cause == "lora_b_zero":
+            return f"; {len(rows)} {BENIGN[cause]}"
+        where = f", {first.where}" if first.where else ""
+        blocked = (f"; the exact zeros of {', '.join(self.zero_factors[:3])} (zero in this checkpoint) are what "
+                   "block them: the gradient comes once those move" if cause == "loss_independent"
+                   and self.zero_factors else "")
+        return f"; {len(rows)} {BENIGN[cause]} (e.g. {first.name}{where}){blocked}"
 
     def _packed_finding(self, evidence: dict[str, Any]) -> Finding:
         names = self.packed_for_inference
@@ -166,13 +213,6 @@ class GradFlowResult(ProbeResult):
         return Display(Table.from_frame(summary),
                        Details("tensors without a gradient", Table.from_frame(bad.head(200))) if not bad.empty
                        else None)
-
-
-def _first_tensor(output: Any) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        return output
-    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
-    return next((v for v in values if isinstance(v, torch.Tensor)), None)
 
 
 def _role(name: str) -> str:
@@ -210,60 +250,107 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
                 seen[name] = ("ok" if norm > 0 else "zero", norm)
                 param.grad = None
             handles.append(p.register_post_accumulate_grad_hook(record))
-    # where each module holding trainable tensors sits on the graph: never run, run with an output that never
-    # reaches the loss (the architecture's choice: CLIP's post_layernorm under LLaVA, which reads hidden states), or
-    # run detached (no_grad, reentrant checkpointing without input grads: a real break, left to the findings)
-    holders = {id(m) for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))}
-    ran: set[int] = set()
-    reached: dict[int, bool] = {}
+    # how each trainable tensor reaches the loss, traced op by op: for those that get no gradient, the cause
+    tracer = LossReachTracer(trainable_names(model.named_parameters()))
+    reach = None
 
-    def watch(module, _args, output):
-        ran.add(id(module))
-        tensor = _first_tensor(output)
-        if tensor is not None and tensor.requires_grad:
-            reached.setdefault(id(module), False)
-            tensor.register_hook(lambda grad, key=id(module): reached.__setitem__(key, True))
+    def autocast():
+        return torch.autocast(device_type_of(model), dtype=compute_dtype_of(model))
 
-    for module in model.modules():
-        if id(module) in holders:
-            handles.append(module.register_forward_hook(watch))
     try:
-        with torch.autocast(device_type_of(model), dtype=compute_dtype_of(model)):
-            out = model(**inputs)
-        loss = loss_of(out)
+        with autocast(), tracer:
+            loss = loss_of(model(**inputs))
+        reach = tracer.reach_of(loss)
         loss_value = float(loss.detach().float())
         with (fp32_half_matmul() if device_type_of(model) == "cpu" else contextlib.nullcontext()) as promoted:
             loss.backward()
     except Exception as exc:  # noqa: BLE001 - e.g. "element 0 of tensors does not require grad"
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
-        model.train(was_training)
         for handle in handles:
             handle.remove()
     has_pixels = any(k.startswith(("pixel_values", "image")) for k in inputs)
-    owners = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
-    rows, unused, unexercised = [], [], []
+    rows: list[GradRow] = []
+    zero_factors: list[str] = []
     if error is None:
-        for name, p in model.named_parameters():
-            if not p.requires_grad:
-                continue
-            status, norm = seen.get(name, ("none", None))
-            role = _role(name)
-            component = classifier.component_of(name)
-            expected = ("lora_B is all zeros on the first step" if status == "zero" and role == "lora_A"
-                        and _lora_b_is_zero(model, name) else None)
-            owner = owners.get(id(p))
-            if status == "none" and component == "vision" and not has_pixels:
-                expected = "the batch holds no image: the vision tower is not exercised"
-                unexercised.append(normalize_name(name))
-            elif status == "none" and owner is not None:
-                if id(owner) not in ran:
-                    expected = "its module never runs in this model's forward"
-                elif reached.get(id(owner)) is False:
-                    expected = "its module runs but its output never reaches the loss"
-                if expected:
-                    unused.append(normalize_name(name))
-            rows.append(GradRow(normalize_name(name), component, role, status, norm, expected))
+        rows = _classified_rows(model, seen, reach, classifier, has_pixels)
+        try:
+            zero_factors = _explain_zero_gradients(model, rows, inputs, autocast)
+        except Exception:  # noqa: BLE001 - a forward the step ran once should run again; if not, stay unexplained
+            zero_factors = []
+    model.train(was_training)
     model.zero_grad(set_to_none=True)
-    return GradFlowResult(rows, loss_value, error, checkpointing_state(model), has_pixels, how, unused, unexercised,
-                          describe(promoted), packed, held_layout_note(model))
+    return GradFlowResult(rows, loss_value, error, checkpointing_state(model), has_pixels, how,
+                          [r.name for r in rows if r.cause == "not_read"],
+                          [r.name for r in rows if r.cause == "no_image"],
+                          describe(promoted), packed, held_layout_note(model), zero_factors)
+
+
+def _classified_rows(model: nn.Module, seen: dict, reach, classifier, has_pixels: bool) -> list[GradRow]:
+    owners = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
+    rows = []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        status, norm = seen.get(name, ("none", None))
+        row = GradRow(normalize_name(name), classifier.component_of(name), _role(name), status, norm)
+        if status == "zero" and row.role == "lora_A" and _lora_b_is_zero(model, name):
+            row.cause = "lora_b_zero"
+        elif status == "zero" and name in reach.padding_only:
+            row.cause, row.where = "padding_row_only", f"padding_idx={reach.padding_only[name]}"
+        elif status == "none" and row.component == "vision" and not has_pixels:
+            row.cause = "no_image"
+        elif status == "none":
+            how, site = reach.why_no_gradient(name)
+            if how in ("never_read", "not_on_loss"):
+                row.cause = "not_read"
+            elif how == "selection_only":
+                row.cause, row.where = "selection_only", library_source(owners.get(id(p)))
+            elif how == "cut":
+                row.cause, row.where = cause_of_cut(site), site.describe() if site else None
+            else:
+                row.cause = how
+        row.expected = row.cause if row.cause in BENIGN else None
+        rows.append(row)
+    return rows
+
+
+MAX_SEPARATE_CHECKS = 16  # zero-gradient tensors shifted one by one when shifting them together moves the loss
+
+
+def _explain_zero_gradients(model: nn.Module, rows: list[GradRow], inputs: dict, autocast) -> list[str]:
+    """Zero gradients not yet explained: the truth where the loss does not move with the tensor, else a break.
+    Returns the all-zero trainable tensors shown to be what holds those gradients at zero."""
+    params = {normalize_name(n): p for n, p in model.named_parameters() if p.requires_grad}
+    zero = [r for r in rows if r.status == "zero" and r.cause is None]
+    if not zero:
+        return []
+    together = loss_response(model, inputs, loss_of, autocast, [params[r.name] for r in zero])
+    if (not together.moves and not together.flipped_at) or not 1 < len(zero) <= MAX_SEPARATE_CHECKS:
+        responses = {r.name: together for r in zero}
+    else:
+        responses = {r.name: loss_response(model, inputs, loss_of, autocast, [params[r.name]]) for r in zero}
+    for r in zero:
+        response = responses[r.name]
+        r.cause = ("loss_moves" if response.moves else "choice_only" if response.flipped_at
+                   else "loss_independent")
+        r.where = response.flipped_at
+        r.expected = r.cause if r.cause in BENIGN else None
+    independent = [r for r in zero if r.cause == "loss_independent"]
+    if not independent:
+        return []
+    # the checkpoint's exact zeros (zero-initialized gates and scales) that multiply their contribution away
+    exact_zeros = {n: p for n, p in params.items() if p.is_floating_point() and not p.detach().any()
+                   and ".lora_B." not in n and n not in {r.name for r in zero}}
+    held = [params[r.name] for r in independent]
+
+    def blocking(names: list[str]) -> list[str]:
+        """The exact zeros among `names` that alone release the gradient, found by halving (a few forwards)."""
+        if not zero_factors_blocking(model, inputs, loss_of, autocast, held, [exact_zeros[n] for n in names]):
+            return []
+        if len(names) == 1:
+            return names
+        half = len(names) // 2
+        return (blocking(names[:half]) + blocking(names[half:])) or names
+
+    return sorted(blocking(sorted(exact_zeros)))

@@ -1,0 +1,233 @@
+"""grad.flow names why a trainable tensor gets no gradient: each cause planted on a tiny Llama (or LLaVA) where it
+must be named, beside a healthy twin where it must stay quiet. The truth about a model and batch (not read,
+selection only, computed without grad by the library, a loss that does not move with the tensor) is info; a
+break (code that detaches, reentrant checkpointing of a tower whose input needs no grad, a backward that drops the
+gradient) stays fail, with its site and fix."""
+
+import pytest
+import torch
+from torch import nn
+
+from workbench.model.setups import prepare_model
+from workbench.model.target import resolve_target
+from workbench.probes.forward.grad_flow import grad_flow_probe
+
+
+def _llama(family):
+    target = resolve_target(str(family("llama")))
+    prepared = prepare_model(target)  # plain: a full fine-tune, every tensor trainable
+    model = prepared.model
+    return prepared, target, model.model.layers[0], model.config.hidden_size, model.dtype
+
+
+def _finding(prepared, target):
+    result = grad_flow_probe(prepared, target)
+    return result, result.findings()[0]
+
+
+class Detaching(nn.Module):
+    """Custom code that detaches an MLP a healthy model trains."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x).detach()
+
+
+class Routed(nn.Module):
+    """An MLP scaled by a router's argmax choice; `weighted` also multiplies by the chosen probability."""
+
+    def __init__(self, inner, hidden, dtype, weighted):
+        super().__init__()
+        self.inner, self.weighted = inner, weighted
+        self.router = nn.Linear(hidden, 2, bias=False, dtype=dtype)
+
+    def forward(self, x):
+        logits = self.router(x)
+        choice = logits.argmax(-1, keepdim=True)
+        scale = torch.tensor([1.0, 0.5], dtype=x.dtype)[choice]
+        out = self.inner(x) * scale
+        return out * logits.softmax(-1).gather(-1, choice).to(x.dtype) if self.weighted else out
+
+
+class DropGradient(torch.autograd.Function):
+    """A custom op whose backward drops the gradient: the loss moves with its input, the gradient says not."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.zeros_like(grad)
+
+
+class Gated(nn.Module):
+    """A side branch behind a zero-initialized gate (`broken`: behind a backward that drops its gradient)."""
+
+    def __init__(self, inner, hidden, dtype, broken):
+        super().__init__()
+        self.inner, self.broken = inner, broken
+        self.extra = nn.Linear(hidden, hidden, bias=False, dtype=dtype)
+        self.gate = nn.Parameter(torch.zeros(hidden, dtype=dtype) if not broken else torch.ones(hidden, dtype=dtype))
+
+    def forward(self, x):
+        side = self.extra(x)
+        return self.inner(x) + self.gate * (DropGradient.apply(side) if self.broken else side)
+
+
+class SingleExpertGate(nn.Module):
+    """A router whose gate is the softmax over the experts its mask leaves. The mask keeps only the top expert, so
+    the gate is exactly 1 and the router's gradient exactly zero (as PhiMoE's sparsemixer when its jitter mask leaves
+    one expert); which expert is picked (its scale) still moves the loss. Every token starts at the same small
+    margin between the two experts, so a 1 % shift flips some picks and a 100x smaller one flips none. `broken`: the
+    gate is the router's plain softmax probability behind a backward that drops its gradient."""
+
+    def __init__(self, inner, hidden, broken):
+        super().__init__()
+        self.inner, self.broken = inner, broken
+        row = torch.randn(hidden, generator=torch.Generator().manual_seed(0)) * 0.02
+        self.weight = nn.Parameter(torch.stack([row, row]))  # fp32, read without autocast: the margin stays exact
+        self.register_buffer("margin", torch.tensor([0.0, 3e-3]))
+
+    def forward(self, x):
+        logits = (x.float().unsqueeze(-2) * self.weight).sum(-1) + self.margin
+        choice = logits.argmax(-1, keepdim=True)
+        if self.broken:
+            gate = DropGradient.apply(logits.softmax(-1)).gather(-1, choice)
+        else:
+            with torch.no_grad():
+                keep = logits == logits.max(-1, keepdim=True).values
+            gate = logits.masked_fill(~keep, float("-inf")).softmax(-1).gather(-1, choice)
+        scale = torch.tensor([1.0, 0.5])[choice]
+        return (self.inner(x).float() * scale * gate).to(x.dtype)
+
+
+class PaddedLookup(nn.Module):
+    """An MLP plus an embedding table with a padding_idx, looked up at `ids` (all padding, or also other rows)."""
+
+    def __init__(self, inner, hidden, dtype, only_padding):
+        super().__init__()
+        self.inner, self.only_padding = inner, only_padding
+        self.table = nn.Embedding(4, hidden, padding_idx=0, dtype=dtype)
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[-2]).expand(x.shape[:-1])
+        ids = torch.zeros_like(positions) if self.only_padding else positions % 4
+        return self.inner(x) + self.table(ids)
+
+
+def test_healthy_llama_full_fine_tune_passes(family):
+    prepared, target, *_ = _llama(family)
+    _, finding = _finding(prepared, target)
+    assert finding.verdict == "pass", (finding.title, finding.detail)
+
+
+def test_custom_code_that_detaches_a_trained_module_fails_with_its_site(family):
+    prepared, target, layer, *_ = _llama(family)
+    layer.mlp = Detaching(layer.mlp)
+    result, finding = _finding(prepared, target)
+    assert finding.verdict == "fail", (finding.title, finding.detail)
+    assert {r.cause for r in result.rows if r.status != "ok"} == {"code_cut"}
+    assert "test_grad_flow_causes.py" in finding.detail and "in forward" in finding.detail
+    assert "model.layers.0.mlp.inner" in finding.title and "Remove the detach" in finding.fix
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_router_read_only_into_its_argmax_is_design_not_a_break(family, weighted):
+    prepared, target, layer, hidden, dtype = _llama(family)
+    layer.mlp = Routed(layer.mlp, hidden, dtype, weighted)
+    result, finding = _finding(prepared, target)
+    router = [r for r in result.rows if r.name == "model.layers.0.mlp.router.weight"]
+    if weighted:  # the chosen probability multiplies the output: the router trains
+        assert finding.verdict == "pass" and router[0].status == "ok", (finding.title, finding.detail)
+        return
+    assert finding.verdict == "info", (finding.title, finding.detail)
+    assert router[0].status == "none" and router[0].cause == "selection_only"
+    assert "only through integer or boolean values" in finding.detail and "mlp.router.weight" in finding.detail
+
+
+def test_a_parameter_no_forward_reads_is_not_exercised(family):
+    prepared, target, layer, hidden, dtype = _llama(family)
+    layer.mlp.register_parameter("mask_embedding", nn.Parameter(torch.zeros(hidden, dtype=dtype)))
+    result, finding = _finding(prepared, target)
+    assert finding.verdict == "info", (finding.title, finding.detail)
+    assert result.unused == ["model.layers.0.mlp.mask_embedding"]
+    assert "1 belong to modules whose output never reaches the loss" in finding.detail
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_zero_gradient_is_the_truth_only_when_the_loss_does_not_move(family, broken):
+    prepared, target, layer, hidden, dtype = _llama(family)
+    layer.mlp = Gated(layer.mlp, hidden, dtype, broken)
+    before = {n: p.detach().clone() for n, p in prepared.model.named_parameters()}
+    result, finding = _finding(prepared, target)
+    extra = next(r for r in result.rows if r.name == "model.layers.0.mlp.extra.weight")
+    assert extra.status == "zero"
+    if broken:  # the loss moves with `extra`, yet its gradient is zero: the custom backward drops it
+        assert finding.verdict == "fail" and extra.cause == "loss_moves", (finding.title, finding.detail)
+        assert "custom autograd.Function" in finding.detail
+    else:  # the zero-initialized gate multiplies the branch away: the first step's truth, the gate named
+        assert finding.verdict == "info" and extra.cause == "loss_independent", (finding.title, finding.detail)
+        assert result.zero_factors == ["model.layers.0.mlp.gate"]
+        assert "model.layers.0.mlp.gate" in finding.detail and "loss does not move" in finding.detail
+    after = dict(prepared.model.named_parameters())
+    assert all(torch.equal(value, after[n].detach()) for n, value in before.items())  # shifts put back exactly
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_reentrant_checkpointing_of_a_tower_whose_input_needs_no_grad(family, use_reentrant):
+    target = resolve_target(str(family("llava")))
+    prepared = prepare_model(target)
+    model = prepared.model
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    model.enable_input_require_grads()
+    vision = model.model.vision_tower
+    for frozen in (vision.embeddings, vision.pre_layrnorm):  # frozen, as in a LoRA run: the blocks' input needs no grad
+        frozen.requires_grad_(False)
+    # transformers 5.23 hooks each sub-model's get_input_embeddings(); a tower without one (GLM-4V's) has no hook
+    for module in vision.modules():
+        for key, hook in list(module._forward_hooks.items()):
+            if hook.__name__.startswith("make_inputs_require_grad"):
+                del module._forward_hooks[key]
+    result, finding = _finding(prepared, target)
+    if not use_reentrant:
+        assert finding.verdict in ("pass", "info"), (finding.title, finding.detail)
+        return
+    assert finding.verdict == "fail", (finding.title, finding.detail)
+    cut = [r for r in result.rows if r.cause == "checkpoint_cut"]
+    assert cut and all(r.name.startswith("model.vision_tower.") for r in cut)
+    assert "`model.vision_tower.encoder`" in finding.detail and "trl#835" in finding.detail
+    assert "'use_reentrant': False" in finding.fix and "model.get_submodule('model.vision_tower" in finding.fix
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_loss_that_moves_only_across_a_discrete_choice_is_flat_between_choices(family, broken):
+    prepared, target, layer, hidden, _ = _llama(family)
+    layer.mlp = SingleExpertGate(layer.mlp, hidden, broken)
+    result, finding = _finding(prepared, target)
+    router = next(r for r in result.rows if r.name == "model.layers.0.mlp.weight")
+    assert router.status == "zero"
+    if broken:  # the plain softmax moves the loss without any pick flipping, yet its gradient is dropped
+        assert finding.verdict == "fail" and router.cause == "loss_moves", (finding.title, finding.detail)
+        assert "custom autograd.Function" in finding.detail
+    else:  # the gate is exactly 1: only the pick moves the loss, and the argmax that flips is named
+        assert finding.verdict == "info" and router.cause == "choice_only", (finding.title, finding.detail)
+        assert "test_grad_flow_causes.py" in router.where and "in forward" in router.where
+        assert "only across a discrete choice" in finding.detail and "mlp.weight" in finding.detail
+
+
+@pytest.mark.parametrize("only_padding", [True, False])
+def test_an_embedding_read_only_at_its_padding_row_is_named_not_a_break(family, only_padding):
+    prepared, target, layer, hidden, dtype = _llama(family)
+    layer.mlp = PaddedLookup(layer.mlp, hidden, dtype, only_padding)
+    result, finding = _finding(prepared, target)
+    table = next(r for r in result.rows if r.name == "model.layers.0.mlp.table.weight")
+    if not only_padding:  # rows other than padding_idx are read: they train
+        assert finding.verdict == "pass" and table.status == "ok", (finding.title, finding.detail)
+        return
+    assert finding.verdict == "info", (finding.title, finding.detail)
+    assert table.status == "zero" and table.cause == "padding_row_only" and table.where == "padding_idx=0"
+    assert "only at their padding_idx row" in finding.detail and "mlp.table.weight" in finding.detail
