@@ -46,15 +46,16 @@ def record_for(arch, setup: str, folder: Path | None, findings: list, build_erro
     record["verdicts"] = {f.id: f.verdict for f in findings}
     record["problems"] = [{"id": f.id, "verdict": f.verdict, "title": f.title, "detail": f.detail[:400]}
                           for f in findings if f.verdict in FALSE_ALARM and f.title != NO_BATCH]
+    known = known_incompatibility(arch.model_type, setup)
     if no_batch is not None and setup == "plain":  # the tiny checkpoint runs no forward: not built
-        record["reason"] = f"no batch runs the tiny checkpoint: {no_batch.detail[:400]}"
+        record["reason"] = known or f"no batch runs the tiny checkpoint: {no_batch.detail[:400]}"
         record["verdicts"] = {k: v for k, v in record["verdicts"].items() if k not in _FORWARD_CHECKS}
         return record
     record["built"] = True
-    record["reason"] = known_incompatibility(arch.model_type, setup) if record["problems"] else None
     if no_batch is not None:
         record["problems"].insert(0, {"id": "forward.*", "verdict": "error", "title": NO_BATCH,
                                       "detail": no_batch.detail[:400]})
+    record["reason"] = known if record["problems"] else None
     return record
 
 

@@ -28,30 +28,112 @@ from workbench.model.loading import auto_config, load_pretrained, load_processor
 from workbench.model.memory import check_fits
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# PeftModelForSequenceClassification / ...TokenClassification add these to modules_to_save (peft 0.21.2
+# peft_model.py:1830 and :2680), and `_set_trainable` (peft/utils/other.py:1088) wraps every module whose name merely
+# ends with one (`key.endswith(target_key)`, no dot boundary: DistilBERT's `pre_classifier` too), while LoRA's own
+# guard (tuners_utils.py:2363) matches them at a dot boundary only; a LoRA layer there then raises "modules_to_save
+# cannot be applied to modules of type lora.Linear". Those modules, and the layers inside them (RoBERTa's
+# classifier.dense, which the guard leaves out), are trained fully, never given a LoRA.
+HEAD_MODULES_TO_SAVE = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score")}
+
+
+def _refused_by_peft(config, model, leaf_name: str) -> str | None:
+    """PEFT's own refusal of a LoRA target by name (Mamba's out_proj / conv1d), as its inject_adapter raises it."""
+    from peft.tuners import tuners_utils
+
+    check = getattr(tuners_utils, "_check_lora_target_modules_mamba", None)
+    if check is None:
+        return None
+    try:
+        check(config, model, leaf_name)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def lora_targets(model, task_type: str | None) -> list[str]:
+    """The modules a fresh LoRA adapts, as PEFT itself resolves them: the layers its "all-linear" shorthand finds
+    (nn.Linear, bitsandbytes' 4/8-bit Linear, GPT-2's Conv1D; the output embedding and a SEQ_CLS head left out),
+    less those PEFT refuses to wrap for this model (Mamba's out_proj), less the modules the task's
+    modules_to_save trains fully (HEAD_MODULES_TO_SAVE); of those, the attention/MLP projections q_proj ... down_proj
+    where the model names them (the usual LLM LoRA targets), else all. Returned as the shortest name suffixes that
+    reach exactly those modules (PEFT's `_find_minimal_target_modules`). Raises NotApplicable when nothing is left:
+    PEFT cannot adapt the model."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import _find_minimal_target_modules, _maybe_include_all_linear_layers
+
+    unreadable = _tied_embeddings_unreadable(model)
+    if unreadable:
+        name = type(model).__name__
+        raise NotApplicable(
+            f"PEFT cannot wrap {name}: get_peft_model reads get_input_embeddings() to find the modules tied to it "
+            f"(peft 0.21.2 utils/other.py:1815, as the model declares _tied_weights_keys), and {name} raises "
+            f"({unreadable}). Diagnose it with --setup plain.", title=f"PEFT cannot put a LoRA on {name}")
+    probe = LoraConfig(target_modules="all-linear", task_type=task_type)
+    linear = set(_maybe_include_all_linear_layers(probe, model).target_modules)
+    to_save = HEAD_MODULES_TO_SAVE.get(task_type or "", ())
+    refused = {name: why for name in linear if (why := _refused_by_peft(probe, model, name.rsplit(".", 1)[-1]))}
+    wrappable = {name for name in linear - set(refused) if not _trained_fully(name, to_save)}
+    usual = {name for name in wrappable if name.rsplit(".", 1)[-1] in LORA_TARGETS}
+    chosen = usual or wrappable
+    if not chosen:
+        raise lora_not_applicable(model, refused, to_save)
+    others = {name for name, _ in model.named_modules() if name and name not in chosen}
+    return sorted(_find_minimal_target_modules(chosen, others))
+
+
+def _tied_embeddings_unreadable(model) -> str | None:
+    """The NotImplementedError of get_input_embeddings() where PEFT needs it: a model that declares tied weights
+    (`_tied_weights_keys` as a dict, tie_word_embeddings not False: peft 0.21.2 utils/other.py:1780-1795)."""
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", None) is False:
+        return None
+    if not isinstance(getattr(model, "_tied_weights_keys", None), dict):
+        return None
+    try:
+        model.get_input_embeddings()
+    except NotImplementedError as exc:
+        return str(exc)
+    return None
+
+
+def _trained_fully(name: str, modules_to_save) -> bool:
+    """A module PEFT's modules_to_save wraps (`_set_trainable`'s suffix rule) or one inside such a module."""
+    return any(name.endswith(m) or m in name.split(".") for m in modules_to_save)
+
+
+def lora_not_applicable(model, refused: dict[str, str], modules_to_save=()) -> NotApplicable:
+    """PEFT cannot put a LoRA on this model: what it has instead, and what PEFT said."""
+    weighted = sorted({type(m).__name__ for n, m in model.named_modules()
+                       if any(True for _ in m.parameters(recurse=False)) and not _trained_fully(n, modules_to_save)})
+    head = f" outside the {'/'.join(modules_to_save)} head PEFT trains fully" if modules_to_save else ""
+    cause = (f"PEFT refuses the linear layers it has ({next(iter(refused.values()))})" if refused else
+             "PEFT's LoRA wraps torch.nn.Linear, Embedding, Conv1d/2d/3d, MultiheadAttention and transformers' "
+             f"Conv1D layers, and its layers with weights{head} are {', '.join(weighted[:8])}")
+    name = type(model).__name__
+    return NotApplicable(f"{name} has no layer a LoRA can adapt: {cause}. Diagnose it with --setup plain, or with "
+                         "your own set-up (--setup module:function) that prepares it as your training script does.",
+                         title=f"PEFT cannot put a LoRA on {name}")
 
 
 def lora_config_for(model, **overrides):
     """The LoraConfig a fresh LoRA on this model takes: the PEFT task type that fits its head
-    (workbench.model.heads: CAUSAL_LM, SEQ_2_SEQ_LM, SEQ_CLS, TOKEN_CLS, FEATURE_EXTRACTION), on the attention/MLP
-    projections where the model names them q_proj ... down_proj (the usual LLM LoRA targets), else on every linear
-    layer that exists ("all-linear": nn.Linear and GPT-2's Conv1D; PEFT leaves out the output embedding), the
-    classification head excluded (PEFT trains it fully through modules_to_save)."""
+    (workbench.model.heads: CAUSAL_LM, SEQ_2_SEQ_LM, SEQ_CLS, TOKEN_CLS, FEATURE_EXTRACTION) on `lora_targets`
+    (raises NotApplicable where PEFT can adapt nothing); the classification head is trained fully through PEFT's
+    modules_to_save."""
     from peft import LoraConfig
 
-    head = head_kind(model)
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    options: dict[str, Any] = dict(r=8, lora_alpha=16, task_type=PEFT_TASK_TYPES[head])
-    if names & set(LORA_TARGETS):
-        options["target_modules"] = [t for t in LORA_TARGETS if t in names]
-    else:
-        options["target_modules"] = "all-linear"
-        if head in ("seq_cls", "token_cls"):
-            options["exclude_modules"] = [n for n in ("classifier", "score") if n in names] or None
+    options: dict[str, Any] = dict(r=8, lora_alpha=16, task_type=PEFT_TASK_TYPES[head_kind(model)])
     if getattr(model, "main_input_name", "input_ids") != "input_ids":
         # a speech model (input_features): PeftModelForSeq2SeqLM passes input_ids on to the decoder, which then
         # gets it twice (peft #1988); PEFT's own Whisper examples set no task type
         options["task_type"] = None
     options.update(overrides)
+    if "target_modules" not in overrides:
+        options["target_modules"] = lora_targets(model, options["task_type"])
+    elif "exclude_modules" not in overrides:  # given targets ("all-linear"): still none inside the trained head
+        to_save = HEAD_MODULES_TO_SAVE.get(options["task_type"] or "", ())
+        options["exclude_modules"] = sorted(n for n, _ in model.named_modules() if n and _trained_fully(n, to_save))
+        options["exclude_modules"] = options["exclude_modules"] or None
     return LoraConfig(**options)
 
 
@@ -60,6 +142,26 @@ def add_fresh_lora(model):
     from peft import get_peft_model
 
     return get_peft_model(model, lora_config_for(model))
+
+
+def prepare_for_kbit_training(model):
+    """peft's prepare_model_for_kbit_training as a correct QLoRA script calls it: gradient checkpointing where the
+    class supports it (peft's default, True, raises "does not support activation checkpointing" for the classes
+    that set supports_gradient_checkpointing = False: ALBERT, BROS, ...), and non-reentrant.
+
+    Left to itself, peft 0.21.2 passes gradient_checkpointing_kwargs={} (peft/utils/other.py:190-191, 253-258) and
+    transformers 5.23 applies its own use_reentrant=False default only when given None (modeling_utils.py:3148),
+    so torch runs the checkpoint REENTRANT (torch/utils/checkpoint.py:486-496: use_reentrant None -> True). peft
+    then makes only the input embeddings' output require grad (other.py:230-233, enable_input_require_grads), so
+    the checkpointed blocks of a vision or speech tower get inputs without grad and their LoRA gets no gradient;
+    and on BLIP that hook turns the text embeddings' output into a leaf its `embeddings += position_embeddings`
+    cannot update in place. use_reentrant=False needs no hook (other.py:230); transformers still installs it on
+    models whose main input is input_ids (modeling_utils.py:3181-3189)."""
+    from peft import prepare_model_for_kbit_training
+
+    return prepare_model_for_kbit_training(
+        model, use_gradient_checkpointing=bool(getattr(model, "supports_gradient_checkpointing", False)),
+        gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _load(checkpoint, quant="none", dtype=None, device_map=None, max_memory=None, trust_remote_code=False,
@@ -79,15 +181,11 @@ def plain(checkpoint: str, adapter: str | None = None, **options: Any):
 
 
 def qlora(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **options: Any):
-    """The QLoRA recipe: 4-bit load, peft's prepare_model_for_kbit_training, LoRA on the language layers
-    (the given adapter, trainable, or a fresh one on q/k/v/o/gate/up/down)."""
-    from peft import PeftModel, prepare_model_for_kbit_training
+    """The QLoRA recipe: 4-bit load, peft's prepare_model_for_kbit_training (`prepare_for_kbit_training`:
+    non-reentrant gradient checkpointing), then the given adapter, trainable, or a fresh LoRA (`lora_config_for`)."""
+    from peft import PeftModel
 
-    model = _load(checkpoint, quant="4bit" if quant == "none" else quant, **options)
-    # gradient checkpointing where the class supports it: peft's default (True) raises "does not support
-    # activation checkpointing" for the classes that set supports_gradient_checkpointing = False (ALBERT, BROS, ...)
-    model = prepare_model_for_kbit_training(
-        model, use_gradient_checkpointing=bool(getattr(model, "supports_gradient_checkpointing", False)))
+    model = prepare_for_kbit_training(_load(checkpoint, quant="4bit" if quant == "none" else quant, **options))
     if adapter:
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
     return add_fresh_lora(model)

@@ -1,3 +1,5 @@
+import pytest
+
 from workbench.model.setups import prepare_model
 from workbench.model.target import resolve_target
 from workbench.probes.peft.probes import peft_attribute_probe, peft_layer_status_probe, with_setup_attributes
@@ -55,3 +57,35 @@ def test_irregular_requires_grad_warns(demo):
 def test_no_adapter_is_a_skip(demo):
     finding = peft_layer_status_probe(prepare_model(resolve_target(str(demo.llama)))).findings()[0]
     assert finding.verdict == "skip"
+
+
+def _save_tiny(folder, class_name, config_name, **config):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = getattr(transformers, class_name)(getattr(transformers, config_name)(**config))
+    model.to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def test_a_model_peft_cannot_adapt_makes_the_attribute_chain_skip(tmp_path):
+    # I-BERT's layers are QuantLinear / QuantEmbedding: no LoRA layer of PEFT wraps them
+    from workbench.recorder import FindingsRecorder
+
+    folder = _save_tiny(tmp_path / "ibert", "IBertForSequenceClassification", "IBertConfig", vocab_size=64,
+                        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=40)
+    recorder = FindingsRecorder(tmp_path / "sidecar.json", "03_peft_attributes")
+    recorder.run(peft_attribute_probe, resolve_target(str(folder)), checks=("peft.attributes",))
+    [finding] = recorder.findings
+    assert finding.verdict == "skip" and finding.title == "PEFT cannot put a LoRA on IBertForSequenceClassification"
+
+
+@pytest.mark.parametrize("quant", ["none", "4bit"])
+def test_the_attribute_chain_wraps_mamba_with_the_layers_peft_accepts(tmp_path, quant):
+    folder = _save_tiny(tmp_path / "mamba", "MambaForCausalLM", "MambaConfig", vocab_size=64, hidden_size=32,
+                        num_hidden_layers=1, state_size=4, expand=2)
+    report = peft_attribute_probe(resolve_target(str(folder), quant=quant))
+    assert report.findings()[0].verdict == "info"
+    assert report.snapshots[-2].step == "get_peft_model" and report.snapshots[-2].trainable > 0

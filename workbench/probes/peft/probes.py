@@ -21,7 +21,7 @@ from workbench.display.nodes import Bullets, Display, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.loading import load_pretrained
-from workbench.model.setups import add_fresh_lora
+from workbench.model.setups import add_fresh_lora, prepare_for_kbit_training
 
 MISSING = "—"
 # read by Trainer.__init__ / _wrap_model / validate_quantization_for_training and by accelerate's prepare
@@ -149,7 +149,7 @@ def _trainer_model(model: nn.Module, gpus: int) -> nn.Module:
 def peft_attribute_probe(target) -> AttributeResult:
     """Load the model and walk it through the wrapping steps, snapshotting after each one; the model is freed on
     return, so run this before `prepare_model` (never two copies resident)."""
-    from peft import PeftModel, prepare_model_for_kbit_training
+    from peft import PeftModel
 
     skipped: list[str] = []
     load = dict(quant=target.quant, device_map=target.device_map, max_memory=target.max_memory,
@@ -157,7 +157,7 @@ def peft_attribute_probe(target) -> AttributeResult:
     model = load_pretrained(target.model_dir, **load)
     snaps = [snapshot("raw model", model)]
     if target.quant != "none":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+        model = prepare_for_kbit_training(model)  # as the qlora set-up prepares it
         snaps.append(snapshot("prepare_model_for_kbit_training", model))
     else:
         skipped.append("prepare_model_for_kbit_training: not a k-bit model")
