@@ -28,3 +28,5 @@ def test_diagnose_an_output_dir_without_a_final_save(tmp_path):
     assert verdicts == {"run.loss": "fail", "run.schedule": "pass"}
     assert result.returncode == 1  # a fail
     assert "data:image/png;base64" in (folder / "08_training_run.html").read_text()
+    index = (folder / "index.html").read_text()
+    assert index.index("Diagnosed:") < index.index("checkpoint-20 of") < index.index("Findings, worst first")

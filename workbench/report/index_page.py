@@ -52,8 +52,10 @@ def index_view(report: dict[str, Any]) -> Display:
     counts = Counter(f.verdict for f in findings)
     summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: kv[0]))
     headline = next((f for f in sort_findings(findings)), None)
+    run = report["target"].get("run")  # a Trainer output_dir: which of its folders was diagnosed, and why
     return Display(
         Heading("Diagnosis ", Badge(worst), level=1),
+        Paragraph("Diagnosed: ", Code(run)) if run else None,
         Paragraph(Bold(headline.title) if headline else "No findings."),
         Paragraph(f"{summary} · created {report['created']} · run ", Code(report["run_id"])),
         Heading("Findings, worst first", level=2), findings_block(findings, link_notebooks=True),

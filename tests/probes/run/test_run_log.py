@@ -1,9 +1,10 @@
 """run.loss, run.gradients, run.schedule and run.eval on output directories the real Trainer wrote."""
 
 import json
+import math
 
 import pytest
-from planted_runs import CLASSIFIER_GA, NAN_STEP
+from planted_runs import CLASSIFIER_GA, NAN_STEP, OVERFIT_EVALS
 
 from workbench.model.target import resolve_target
 from workbench.probes.run.log_probe import training_log_probe
@@ -98,6 +99,80 @@ def test_no_evaluation_is_info(planted_runs):
     assert [f.verdict for f in by_check["run.eval"]] == ["info"]
 
 
+def test_no_trainable_tensor_on_the_loss_graph_fails(planted_runs):
+    result, by_check = judged(planted_runs.no_gradient)
+    [none] = by_check["run.gradients"]
+    assert none.verdict == "fail" and "nothing trainable gets a gradient" in none.title
+    assert none.evidence["steps"] == result.log.step.tolist() and min(result.log.loss) > 3.0  # never learned
+    assert "grad.flow" in none.fix
+
+
+def test_eval_rising_while_training_falls_warns(planted_runs):
+    result, by_check = judged(planted_runs.overfit)
+    evals = result.log.eval_step.tolist()
+    assert len(evals) == OVERFIT_EVALS and result.log.loss[-1] < 0.1 * result.log.loss[0]  # learned by heart
+    [rising] = [f for f in by_check["run.eval"] if f.verdict == "warn"]
+    assert "overfitting" in rising.title and rising.evidence["steps"] == evals[-4:]
+    assert "EarlyStoppingCallback" in rising.fix
+    assert any(m.series == "eval_loss" and m.label == "rising" for m in result.marks)
+
+
+def test_a_learning_rate_of_zero_fails(planted_runs):
+    _, by_check = judged(planted_runs.lr_zero)
+    assert by_check["run.schedule"][0].verdict == "fail"
+    assert "Learning rate 0 at every logged step (6 steps)" == by_check["run.schedule"][0].title
+
+
+def test_a_flat_rate_under_a_recorded_decaying_scheduler_warns(planted_runs):
+    """Trainer(optimizers=(AdamW, constant LambdaLR)) with lr_scheduler_type left at 'linear': the model card the
+    Trainer writes names 'linear', the log is flat. Without the card nothing says which scheduler was meant."""
+    _, by_check = judged(planted_runs.constant_scheduler)
+    [flat] = [f for f in by_check["run.schedule"] if f.verdict == "warn"]
+    assert "lr_scheduler_type is 'linear'" in flat.title and flat.evidence["flat_from_step"] == 1
+    assert "README.md" in flat.detail and "optimizers=(optimizer, None)" in flat.fix
+    card = planted_runs.constant_scheduler / "README.md"
+    text = card.read_text()
+    try:
+        card.unlink()
+        _, unknown = judged(planted_runs.constant_scheduler)
+    finally:
+        card.write_text(text)
+    assert worst(unknown["run.schedule"]) in ("pass", "info")
+
+
+def test_reduce_on_plateau_keeps_a_constant_rate_while_eval_improves_and_stays_quiet(planted_runs):
+    result, by_check = judged(planted_runs.plateau_scheduler)
+    assert result.facts.configuration.get("lr_scheduler_type") == "reduce_lr_on_plateau"
+    assert len(set(result.log.learning_rate.tolist())) == 1 and worst(by_check["run.schedule"]) == "pass"
+
+
+def _overflowed(run):
+    state = json.loads((run / "trainer_state.json").read_text())
+    return [e["step"] for e in state["log_history"]
+            if "grad_norm" in e and not math.isfinite(e["grad_norm"]) and math.isfinite(e["loss"])]
+
+
+def test_fp16_skipped_steps_with_the_default_fused_optimizer_advance_the_schedule(planted_runs):
+    """A real GradScaler in the real Trainer: accelerate builds none on the CPU (fp16=True there trains in fp32), so
+    the plant gives the Trainer's Accelerator what accelerate builds on a GPU, with torch's CPU GradScaler."""
+    overflowed = _overflowed(planted_runs.fp16_skips)
+    assert len(overflowed) >= 3 and overflowed[-1] > 2  # sporadic, past the scaler's calibration
+    _, by_check = judged(planted_runs.fp16_skips)
+    [skips] = by_check["run.gradients"]
+    assert skips.verdict == "warn" and skips.evidence["steps"] == overflowed
+    assert skips.evidence["lr_advanced_after"] == overflowed and skips.evidence["lr_held_after"] == []
+    assert skips.evidence["optim"] == "adamw_torch_fused" and skips.evidence["fp16"] is True
+    assert "accelerate #4242" in skips.detail and "optim='adamw_torch'" in skips.fix
+
+
+def test_fp16_skipped_steps_with_an_unfused_optimizer_hold_the_schedule(planted_runs):
+    overflowed = _overflowed(planted_runs.fp16_skips_unfused)
+    _, by_check = judged(planted_runs.fp16_skips_unfused)
+    [skips] = by_check["run.gradients"]
+    assert skips.verdict == "warn" and skips.evidence["lr_held_after"] == overflowed and len(overflowed) >= 3
+    assert skips.evidence["lr_advanced_after"] == [] and "#4242" not in skips.detail + skips.fix
+
+
 def test_the_reader_touches_each_entry_a_fixed_number_of_times(planted_runs):
     """Linear in the entries: the accesses per entry do not grow with the log (no per-entry rescans)."""
     state = json.loads((planted_runs.healthy / "trainer_state.json").read_text())
@@ -130,7 +205,9 @@ def test_the_reader_touches_each_entry_a_fixed_number_of_times(planted_runs):
 
 
 @pytest.mark.parametrize("run", ["healthy", "nan_at_step", "masked_labels", "warmup_past_end", "classifier_ga",
-                                 "eval_leak", "no_final_save", "classifier_plain"])
+                                 "eval_leak", "no_final_save", "classifier_plain", "no_gradient", "overfit",
+                                 "lr_zero", "constant_scheduler", "plateau_scheduler", "fp16_skips",
+                                 "fp16_skips_unfused"])
 def test_every_finding_names_its_evidence_file(planted_runs, run):
     result, _ = judged(getattr(planted_runs, run))
     for finding in result.findings():

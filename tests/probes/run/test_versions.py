@@ -117,3 +117,55 @@ def test_no_recorded_versions_is_info(tmp_path):
     (tmp_path / "checkpoint-2").mkdir()
     f = only(versions_probe(tmp_path))
     assert f.verdict == "info" and "No versions recorded" in f.title
+
+
+def trained_classifier(out: Path, config_class: str, model_class: str, num_labels: int = 2) -> tuple[Path, float]:
+    """One optimizer step of the real Trainer at gradient_accumulation_steps 4 on a tiny classifier, saved with its
+    model card: config.json then records the problem_type its loss set. Returns the folder and the logged loss."""
+    import math
+
+    import torch
+    import transformers
+    from transformers import Trainer, TrainingArguments
+
+    from workbench.architectures.tiny_config import tiny_config
+
+    config = tiny_config(getattr(transformers, config_class), num_labels=num_labels, pad_token_id=0, vocab_size=32)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config)
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(1, 32, (8,), generator=g).tolist(),
+             "labels": (i % 2) if num_labels > 1 else float(i % 2)} for i in range(16)]
+    trainer = Trainer(model=model, train_dataset=rows, args=TrainingArguments(
+        str(out), report_to=[], per_device_train_batch_size=2, gradient_accumulation_steps=4, max_steps=1,
+        logging_steps=1, learning_rate=1e-5, use_cpu=True, save_strategy="no", disable_tqdm=True))
+    trainer.train()
+    trainer.save_model()
+    trainer.save_state()
+    trainer.create_model_card()
+    [loss] = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert math.isfinite(loss)
+    return out, loss
+
+
+def test_classifiers_whose_loss_sees_the_accumulation_are_exempt(tmp_path):
+    """ESM (accepts_loss_kwargs = False) and Zamba2's single-label head (num_items_in_batch reaches its loss) log
+    a first loss near ln(2) under gradient accumulation 4, not 4·ln(2): the row stays quiet for them."""
+    import math
+
+    for config_class, model_class in (("EsmConfig", "EsmForSequenceClassification"),
+                                      ("Zamba2Config", "Zamba2ForSequenceClassification")):
+        run, first_loss = trained_classifier(tmp_path / model_class, config_class, model_class)
+        assert abs(first_loss - math.log(2)) < 0.25, (model_class, first_loss)
+        result = versions_probe(run)
+        [row] = [r for r in result.rows if r.row.id == "transformers-5-classification-heads-ga"]
+        assert row.status == "not_met" and any(r.startswith("exempt:") and model_class in r for r in row.reasons), row
+        assert "transformers-5-classification-heads-ga" not in only(result).title
+
+
+def test_zamba2_regression_head_stays_affected(tmp_path):
+    run, _ = trained_classifier(tmp_path / "reg", "Zamba2Config", "Zamba2ForSequenceClassification", num_labels=1)
+    result = versions_probe(run)
+    assert result.facts.problem_type == "regression"  # MSELoss's mean: the accumulation inflates it
+    f = only(result)
+    assert f.verdict == "fail" and "transformers-5-classification-heads-ga" in f.title, f

@@ -1,9 +1,13 @@
 """run.gradients: what the logged grad_norm says.
 
-A non-finite grad_norm with a finite loss and the learning rate unchanged since the previous logged step is a step
-the fp16 GradScaler skipped (the optimizer did not step, so neither did the scheduler: Trainer checks
-`accelerator.optimizer_step_was_skipped`); a few at the start are the scaler finding its scale. grad_norm 0.0 while
-the loss is not 0.0 means no trainable parameter received a gradient (the Trainer's norm skips `grad is None`).
+A non-finite grad_norm with a finite loss is a step whose gradient overflowed; under fp16 the GradScaler skips the
+optimizer step. The learning rate the Trainer logs at step s is the one step s used (read after the optimizer step,
+before the scheduler's: transformers 5.23 trainer.py `_get_learning_rate` then `lr_scheduler.step()` unless
+`accelerator.optimizer_step_was_skipped`), so a skip shows at the NEXT logged step: the rate held there when the
+scheduler saw the skip, moved on when it did not — accelerate reports no skip for an optimizer that handles AMP
+scaling itself (fused AdamW, transformers' default `adamw_torch_fused` with torch >= 2.8; accelerate #4242). A few
+skips at the start are the scaler finding its scale. grad_norm 0.0 while the loss is not 0.0 means no trainable
+parameter received a gradient (the Trainer's norm skips `grad is None`).
 """
 
 from __future__ import annotations
@@ -33,24 +37,26 @@ def judge_gradients(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], l
     supervised = np.isfinite(loss) & (loss != 0.0)  # loss 0.0 rows are run.loss's (hidden NaN, masked labels)
     skipped = logged & ~np.isfinite(grad) & supervised
     if skipped.any():
-        same_lr = np.zeros_like(skipped)
-        same_lr[1:] = lr[1:] == lr[:-1]
-        scaler = skipped & same_lr
+        held, advanced = _scheduler_after(steps, lr, log.learning_rate_logged, skipped)
         bad = steps[skipped]
         early = bool(len(bad) <= CALIBRATION_SKIPS and bad[-1] <= max(steps[0], EARLY_SHARE * log.global_step))
         verdict = "info" if early else "warn"
+        recorded = {k: facts.configuration.get(k) for k in ("fp16", "optim")
+                    if facts.configuration.get(k) is not None}
         findings.append(Finding(
             CHECK, verdict, f"grad_norm inf/nan with a finite loss at {len(bad)} step(s)"
                             + (" (the fp16 scaler's calibration)" if early else ""),
-            f"At steps {steps_text(bad)} the gradient overflowed while the loss stayed finite; at "
-            f"{int(scaler.sum())} of them the learning rate did not change since the previous logged step: the "
-            "GradScaler skipped the optimizer step, and the scheduler with it. "
+            f"At steps {steps_text(bad)} the gradient overflowed while the loss stayed finite. "
+            + _scheduler_text(held, advanced, facts)
             + ("A few skips at the start are the scaler lowering its initial scale." if early else
-               f"{len(bad)} skipped steps ({len(bad) / max(1, log.global_step):.1%} of the run) train less than "
-               "asked, and the schedule runs late."),
-            {**evidence, "steps": bad[:50].tolist(), "lr_unchanged": int(scaler.sum())},
+               f"{len(bad)} overflowed steps ({len(bad) / max(1, log.global_step):.1%} of the run) train less than "
+               "asked."),
+            {**evidence, "steps": bad[:50].tolist(), "lr_held_after": held[:50], "lr_advanced_after": advanced[:50],
+             **recorded},
             "" if early else "Use bf16 instead of fp16 where the hardware has it; else lower the learning rate, "
-            "keep max_grad_norm, and look for fp16 overflow in the forward (notebook 04's forward.scenarios)."))
+            "keep max_grad_norm, and look for fp16 overflow in the forward (notebook 04's forward.scenarios)"
+            + (". So that the schedule waits for the skipped updates, use an unfused optimizer (optim='adamw_torch') "
+               "until accelerate #4242 is fixed" if advanced and _fused_or_unknown(facts) else "") + "."))
         marks.append(Mark("grad_norm", tuple(bad.tolist()), "overflow (step skipped)"))
     zero = logged & (grad == 0.0) & supervised
     if zero.any():
@@ -92,3 +98,48 @@ def judge_gradients(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], l
                                 f"steps with a non-zero loss (median {float(np.median(grad[finite])):.4g})"
                                 + (f"; {aside} with loss 0.0 are run.loss's" if aside else ""), "", evidence))
     return findings, marks
+
+
+def _scheduler_after(steps, lr, lr_logged, skipped) -> tuple[list[int], list[int]]:
+    """The overflowed steps after which the logged learning rate held, and those after which it moved on; judged
+    only where the next step is logged and the schedule moves elsewhere (a constant rate tells nothing)."""
+    known = lr_logged & np.isfinite(lr)
+    pair = np.zeros(len(steps), dtype=bool)  # entry i and i + 1 are consecutive steps, both with a rate
+    pair[:-1] = (steps[1:] == steps[:-1] + 1) & known[1:] & known[:-1]
+    same = np.zeros(len(steps), dtype=bool)
+    same[:-1] = lr[1:] == lr[:-1]
+    if not (pair & ~same & ~skipped).any():  # the schedule never moves between two clean steps
+        return [], []
+    held = steps[skipped & pair & same].tolist()
+    advanced = steps[skipped & pair & ~same].tolist()
+    return [int(s) for s in held], [int(s) for s in advanced]
+
+
+def _fused_or_unknown(facts: RunFacts) -> bool:
+    optim = facts.configuration.get("optim")
+    return optim is None or "fused" in str(optim)
+
+
+def _scheduler_text(held: list[int], advanced: list[int], facts: RunFacts) -> str:
+    config = facts.configuration
+    text = ""
+    if held:
+        text += (f"After {len(held)} of them ({steps_text(held)}) the learning rate held at the next step: the "
+                 "GradScaler skipped the optimizer step and the scheduler waited with it. ")
+    if not advanced:
+        return text
+    text += (f"After {len(advanced)} of them ({steps_text(advanced)}) the learning rate moved on although "
+             + (f"the step was skipped ({config.cite('fp16')})" if config.get("fp16") else
+                "the gradient was not finite") + ": ")
+    if _fused_or_unknown(facts):
+        text += ("under fp16 the GradScaler skipped the update but the scheduler advanced, because accelerate "
+                 "reports no skip for an optimizer that handles AMP scaling itself (fused AdamW: "
+                 + (config.cite("optim") if config.get("optim") else
+                    "optim 'adamw_torch_fused', transformers' default with torch >= 2.8")
+                 + "; accelerate #4242), so the schedule runs ahead of the updates")
+    else:
+        text += (f"the scheduler stepped although {config.cite('optim')} is not fused: no skip was reported (an "
+                 "optimizer passed to the Trainer that handles scaling itself, or no GradScaler at all)")
+    if not config.get("fp16"):
+        text += "; without fp16 there is no scaler and the optimizer applied these steps"
+    return text + ". "

@@ -21,7 +21,8 @@ from workbench.errors import NotApplicable
 MODEL_CARD_KEYS = {"learning_rate": "learning_rate", "gradient_accumulation_steps": "gradient_accumulation_steps",
                    "lr_scheduler_type": "lr_scheduler_type", "lr_scheduler_warmup_steps": "warmup_steps",
                    "training_steps": "max_steps", "num_epochs": "num_train_epochs",
-                   "mixed_precision_training": "fp16", "train_batch_size": "per_device_train_batch_size"}
+                   "mixed_precision_training": "fp16", "train_batch_size": "per_device_train_batch_size",
+                   "optimizer": "optim"}
 _CARD_LINE = re.compile(r"^- (\w+): (.+)$", re.M)
 
 
@@ -136,6 +137,12 @@ def model_card_hyperparameters(text: str) -> dict[str, Any]:
         if key == "mixed_precision_training":
             values["fp16"] = raw == "Native AMP"
             continue
+        if key == "optimizer":
+            # transformers 5.23 modelcard.py formats the enum: "Use OptimizerNames.ADAMW_TORCH_FUSED with betas=..."
+            named = re.match(r"Use (?:OptimizerNames\.(\w+)|(\S+))", raw)
+            if named:
+                values["optim"] = _optimizer_value(named.group(1)) if named.group(1) else named.group(2)
+            continue
         try:
             value: Any = int(raw) if re.fullmatch(r"-?\d+", raw) else float(raw)
         except ValueError:
@@ -144,9 +151,20 @@ def model_card_hyperparameters(text: str) -> dict[str, Any]:
     return values
 
 
+def _optimizer_value(member: str) -> str:
+    """The `optim` string of an OptimizerNames member name (ADAMW_BNB is 'adamw_bnb_8bit': not always its lower
+    case)."""
+    try:
+        from transformers.training_args import OptimizerNames
+
+        return OptimizerNames[member].value
+    except (ImportError, KeyError):
+        return member.lower()
+
+
 _ARGS_ATTRIBUTES = ("learning_rate", "gradient_accumulation_steps", "lr_scheduler_type", "warmup_steps",
                     "warmup_ratio", "max_steps", "num_train_epochs", "fp16", "bf16", "per_device_train_batch_size",
-                    "logging_nan_inf_filter", "metric_for_best_model", "greater_is_better", "max_grad_norm")
+                    "logging_nan_inf_filter", "metric_for_best_model", "greater_is_better", "max_grad_norm", "optim")
 
 
 def training_arguments(path: Path) -> dict[str, Any]:

@@ -13,8 +13,12 @@ from workbench.probes.run.run_facts import RunFacts
 from workbench.probes.run.trainer_state import Mark, TrainingLog
 
 CHECK = "run.schedule"
-DECAYING = ("linear", "cosine", "cosine_with_restarts", "polynomial", "inverse_sqrt", "reduce_lr_on_plateau",
-            "cosine_with_min_lr", "warmup_stable_decay")
+# lr_scheduler_type values (transformers 5.23 trainer_utils.SchedulerType) whose schedule decays by max_steps.
+# reduce_lr_on_plateau is not one: it lowers the rate only after `patience` evaluations without improvement
+# (torch's ReduceLROnPlateau, stepped with the eval metric in Trainer._evaluate), so a constant rate is its contract
+# while the metric improves; greedy adapts the same way.
+DECAYING = ("linear", "cosine", "cosine_with_restarts", "polynomial", "inverse_sqrt", "cosine_with_min_lr",
+            "cosine_warmup_with_min_lr", "warmup_stable_decay")
 
 
 def judge_schedule(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[Mark]]:
@@ -57,13 +61,23 @@ def judge_schedule(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], li
         peak_at = int(np.argmax(lr))
         after = lr[peak_at:]
         if len(after) >= 3 and float(after.min()) == float(after.max()) and scheduler in DECAYING and finished:
+            # The Trainer logs its scheduler's get_last_lr() and steps that scheduler after every optimizer step
+            # that was not skipped (transformers 5.23 trainer.py _get_learning_rate, _inner_training_loop): a rate
+            # that stays flat to max_steps is a scheduler other than the one lr_scheduler_type builds.
             findings.append(Finding(
-                CHECK, "warn", f"The learning rate stays at {after[0]:.3g} from step {steps[peak_at]} to the end; "
-                               f"lr_scheduler_type {scheduler!r} should decay it",
-                f"{config.cite('lr_scheduler_type')}; the logged learning rate never decreases after its peak.",
-                {**evidence, "lr_scheduler_type": scheduler, "learning_rate": float(after[0])},
-                "Check that the scheduler is stepped (a custom training loop or optimizer passed to the Trainer "
-                "without its scheduler: `optimizers=(optimizer, None)` lets the Trainer build it)."))
+                CHECK, "warn", f"The learning rate stays at {after[0]:.3g} from step {steps[peak_at]} to the end "
+                               f"although lr_scheduler_type is {scheduler!r}: the scheduler that ran is not the "
+                               "recorded one",
+                f"{config.cite('lr_scheduler_type')}, which decays the rate by max_steps ({log.max_steps}); the "
+                f"logged rate never decreases after step {steps[peak_at]}. The Trainer logs the rate of the scheduler "
+                "it steps, so another scheduler ran: one passed as `Trainer(optimizers=(optimizer, scheduler))` or "
+                "built by an overridden `create_scheduler` replaces lr_scheduler_type, and the run's records still "
+                "name the argument.",
+                {**evidence, "lr_scheduler_type": scheduler, "learning_rate": float(after[0]),
+                 "flat_from_step": int(steps[peak_at])},
+                "If a decay was meant, pass `optimizers=(optimizer, None)` so the Trainer builds "
+                f"lr_scheduler_type={scheduler!r} over max_steps, or build your scheduler with the run's max_steps; "
+                "if a constant rate was meant, set lr_scheduler_type='constant' so the records say what ran."))
             marks.append(Mark("learning_rate", (int(steps[peak_at]), int(steps[-1])), "never decays"))
     epoch = float(log.state.get("epoch") or (log.epoch[-1] if len(log.epoch) else 0.0))
     if finished and 0 < epoch < 1:
@@ -71,7 +85,8 @@ def judge_schedule(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], li
             CHECK, "info", f"max_steps {log.max_steps} ended the run at epoch {epoch:.3g}: part of the data was "
                            "never seen",
             f"The run finished its {log.max_steps} steps before one pass over the training set (epoch {epoch:.3g}); "
-            f"{config.cite('max_steps')}.",
+            + (f"{config.cite('max_steps')}." if config.get("max_steps") is not None else
+               f"max_steps {log.max_steps} in {facts.name(facts.state_path)}."),
             {**evidence, "epoch": epoch},
             "If epochs were meant, leave max_steps at -1 and set num_train_epochs (max_steps overrides it)."))
     if not finished and log.max_steps:

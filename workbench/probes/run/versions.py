@@ -37,6 +37,7 @@ class Regression:
     fix: str
     source: str
     urls: tuple[str, ...]
+    unless: tuple[dict[str, Any], ...] = ()  # exemptions: facts that all match, and `because`
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,7 +46,8 @@ def known_regressions() -> tuple[Regression, ...]:
 
     rows = yaml.safe_load(TABLE.read_text())
     return tuple(Regression(r["id"], dict(r["packages"]), dict(r.get("when") or {}), r["severity"], r["symptom"],
-                            r["fix"], r["source"], tuple(r.get("urls") or ())) for r in rows)
+                            r["fix"], r["source"], tuple(r.get("urls") or ()),
+                            tuple(dict(u) for u in r.get("unless") or ())) for r in rows)
 
 
 @dataclasses.dataclass
@@ -111,6 +113,34 @@ def _condition(name: str, wanted: Any, facts: RunFacts) -> tuple[bool | str | No
     raise ValueError(f"regressions.yaml: unknown condition {name!r}")
 
 
+EXEMPTION_FACTS = {"architectures": "architecture", "problem_type": "problem_type"}
+
+
+def _exemption(exemption: dict[str, Any], facts: RunFacts) -> tuple[bool | None, str]:
+    """True when the run is the exempted model (every listed fact matches), None when its architecture matches but
+    another listed fact is not recorded, False otherwise (an unrecorded architecture exempts nothing)."""
+    read = []
+    unknown = []
+    for key, wanted in exemption.items():
+        if key == "because":
+            continue
+        fact = EXEMPTION_FACTS.get(key)
+        if fact is None:
+            raise ValueError(f"regressions.yaml: unknown exemption fact {key!r}")
+        value = getattr(facts, fact)
+        if value is None:
+            if key == "architectures":
+                return False, ""
+            unknown.append(f"{fact}: not recorded (exempt when {', '.join(wanted)})")
+        elif value not in wanted:
+            return False, ""
+        else:
+            read.append(f"{fact} {value} ({facts.sources[fact]})")
+    if unknown:
+        return None, "; ".join(read + unknown)
+    return True, f"{'; '.join(read)}: {exemption.get('because', '').strip()}"
+
+
 def row_status(row: Regression, facts: RunFacts) -> RowStatus:
     reasons: list[str] = []
     unknown_versions = []
@@ -131,6 +161,13 @@ def row_status(row: Regression, facts: RunFacts) -> RowStatus:
             return RowStatus(row, "not_met", reasons + [f"condition not met: {why}"])
         outcomes.append(outcome)
         reasons.append(why)
+    for exemption in row.unless:
+        outcome, why = _exemption(exemption, facts)
+        if outcome is True:
+            return RowStatus(row, "not_met", reasons + [f"exempt: {why}"])
+        if outcome is None:
+            outcomes.append(None)
+            reasons.append(why)
     if unknown_versions or None in outcomes:
         return RowStatus(row, "cannot_tell", reasons)
     return RowStatus(row, "likely" if "likely" in outcomes else "holds", reasons)
@@ -193,7 +230,8 @@ class VersionsResult(ProbeResult):
 
     def _facts_table(self) -> dict[str, Any]:
         f = self.facts
-        return {k: getattr(f, k) for k in ("trainer", "head", "adapter", "gradient_accumulation_steps",
+        return {k: getattr(f, k) for k in ("trainer", "head", "architecture", "problem_type", "adapter",
+                                           "gradient_accumulation_steps",
                                            "label_smoothing_factor", "distributed", "fsdp", "gradient_checkpointing",
                                            "reentrant_default", "quantization", "attention", "use_cache",
                                            "train_batch_size", "global_step")}
@@ -221,8 +259,13 @@ def versions_probe(run_dir: Path, training_args: Mapping[str, Any] | None = None
 
 
 def regressions_table() -> list[dict[str, str]]:
+    def exempt(row: Regression) -> str:
+        return "".join(f"; not for {', '.join(u.get('architectures', []))}"
+                       + "".join(f" with {k} {'/'.join(v)}" for k, v in u.items() if k not in ("architectures", "because"))
+                       for u in row.unless)
+
     return [{"id": r.id, "packages": ", ".join(f"{p} {s}" for p, s in r.packages.items()),
-             "condition": ", ".join(f"{k}={v}" for k, v in r.when.items()), "severity": r.severity,
+             "condition": ", ".join(f"{k}={v}" for k, v in r.when.items()) + exempt(r), "severity": r.severity,
              "symptom": r.symptom, "fix": r.fix, "upstream": " ".join(r.urls)} for r in known_regressions()]
 
 

@@ -9,7 +9,7 @@ mapping):
   and label_smoothing_factor are written only when they differ from the default, so their absence under a written
   block means the default); trl's card names its trainer ("This model was trained with SFT."); PEFT's card
   lists the bitsandbytes quantization config used in training;
-- config.json: `transformers_version`, `architectures`, `use_cache`, `quantization_config`;
+- config.json: `transformers_version`, `architectures`, `problem_type`, `use_cache`, `quantization_config`;
 - adapter_config.json: `peft_version`, `task_type`;
 - trainer_state.json: `train_batch_size`, `global_step`, `max_steps`.
 
@@ -50,6 +50,8 @@ class RunFacts:
     version_conflicts: list[str] = dataclasses.field(default_factory=list)
     trainer: str | None = None  # "Trainer", or trl's trainer name: "SFT", "DPO", ...
     head: str | None = None
+    architecture: str | None = None  # config.json's architectures[0]
+    problem_type: str | None = None  # config.json's problem_type (a classifier's loss sets it on its first forward)
     adapter: bool = False
     gradient_accumulation_steps: int | None = None
     label_smoothing_factor: float | None = None
@@ -155,6 +157,9 @@ def _from_config(facts: RunFacts, config: dict[str, Any], source: str) -> None:
     for arch in config.get("architectures") or []:
         head = next((h for suffix, h in ARCHITECTURE_HEADS if str(arch).endswith(suffix)), None)
         facts.note("head", head, f"{source} (architectures)")
+        facts.note("architecture", str(arch), f"{source} (architectures)")
+    if isinstance(config.get("problem_type"), str):
+        facts.note("problem_type", config["problem_type"], source)
     if isinstance(config.get("use_cache"), bool):
         facts.note("use_cache", config["use_cache"], source)
     for key in ("_attn_implementation", "attn_implementation"):

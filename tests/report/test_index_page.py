@@ -1,0 +1,39 @@
+"""index.html built from a findings.json: the headline names which folder of a Trainer output_dir was diagnosed."""
+
+from pathlib import Path
+
+from workbench.findings import Finding
+from workbench.model.target import TrainerOutput
+from workbench.report.index_page import index_view, render_index
+
+
+def findings_json(target: dict) -> dict:
+    """A findings.json as the runner writes it (schema version 1), with one failing run.loss finding."""
+    return {"schema_version": 1, "run_id": "20250101-120000-out", "created": "2025-01-01T12:00:00+00:00",
+            "target": target, "environment": {"python": "3.11", "transformers": "5.23.0"},
+            "notebooks": [{"name": "08_training_run", "status": "ok", "html": "08_training_run.html", "seconds": 3.0}],
+            "findings": [Finding("run.loss", "fail", "NaN logged as loss 0.0 from step 8", "", {}, "Restart from "
+                                 "checkpoint-5.", "08_training_run").to_dict()]}
+
+
+def headline(text: str) -> str:
+    """The page's text above the findings list."""
+    return text.split("Findings, worst first", 1)[0]
+
+
+def test_the_headline_names_the_diagnosed_folder_of_a_trainer_run(tmp_path):
+    run_dir = tmp_path / "out"
+    described = TrainerOutput(run_dir, run_dir / "checkpoint-20", (10, 20), final_save=False).describe()
+    report = findings_json({"checkpoint": str(run_dir), "model_dir": str(run_dir / "checkpoint-20"), "quant": "none",
+                            "gpus": 0, "run": described})
+    top = headline(index_view(report).text())
+    assert f"Diagnosed: {described}" in top and "no final save at the root" in top
+    assert top.index("Diagnosed:") < top.index("NaN logged as loss 0.0")
+    html = render_index(report)
+    assert html.index("checkpoint-20 of") < html.index("Findings, worst first")
+
+
+def test_a_plain_checkpoint_has_no_run_line(tmp_path):
+    report = findings_json({"checkpoint": str(Path(tmp_path) / "model"), "quant": "none", "gpus": 0})
+    top = headline(index_view(report).text())
+    assert "Diagnosed:" not in top and "NaN logged as loss 0.0" in top
