@@ -17,6 +17,7 @@ RECIPES ?=
 DATA ?=
 DISTRIBUTED ?=
 CHECKPOINT ?=
+TRAINING_ARGS ?=
 REPORTS ?= reports
 
 DIAGNOSE_ARGS := $(CKPT) \
@@ -24,7 +25,7 @@ DIAGNOSE_ARGS := $(CKPT) \
 	$(if $(GPUS),--gpus $(GPUS)) $(if $(SETUP),--setup $(SETUP)) $(if $(PARAMS),--params $(PARAMS)) \
 	$(if $(DEVICE_MAP),--device-map $(DEVICE_MAP)) $(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY)) $(if $(RECIPES),--recipes $(RECIPES)) \
 	$(if $(DISTRIBUTED),--distributed $(DISTRIBUTED)) $(if $(DATA),--data $(DATA)) \
-	$(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) \
+	$(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(if $(TRAINING_ARGS),--training-args $(TRAINING_ARGS)) \
 	--reports-dir $(REPORTS)
 
 .PHONY: install diagnose census families checks docs demo test test-fast lab bench clean

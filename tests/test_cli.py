@@ -78,3 +78,13 @@ def test_a_folder_that_is_no_checkpoint_stops_the_early_kernel_it_started(tmp_pa
     kernels = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.info["pid"] not in before
                and "ipykernel_launcher" in " ".join(p.info["cmdline"] or [])]
     assert not kernels, kernels
+
+
+def test_training_args_with_unknown_fields_exits_2_naming_them(demo, tmp_path):
+    args = tmp_path / "args.yaml"
+    args.write_text("per_device_train_batch_size: 2\nlearning_rat: 0.0001\n")
+    result = workbench("diagnose", demo.llama, "--training-args", args, "--reports-dir", tmp_path / "reports")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown TrainingArguments field(s) learning_rat" in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout and not (tmp_path / "reports").exists()

@@ -107,6 +107,7 @@ _PREPARE = Step("prepared", "prepare the model (set-up)", "workbench.model.share
 _SAVED = "workbench.probes.saved"
 _DATA = "workbench.probes.data"
 _RUN = "workbench.probes.run"
+_TRAIN = "workbench.probes.train"
 
 NOTEBOOKS: tuple[NotebookSpec, ...] = (
     NotebookSpec("00_saved_files", "00 · What the saved files say", "Saved files", (
@@ -196,6 +197,21 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
         Step("versions", "the run's versions against known regressions", f"{_RUN}.versions:versions_probe",
              ("run_dir",), reports=("run.versions",)),
     ), panel=False, trainer_output_only=True),
+    NotebookSpec("09_training_step", "09 · The training step as configured", "Training step", (
+        _PREPARE,
+        Step("configuration", "the training configuration", f"{_TRAIN}.configuration:training_configuration_probe",
+             ("target", "prepared")),
+        Step("loss_accumulation", "the Trainer at b·k × GA 1 against b × GA k",
+             f"{_TRAIN}.loss_accumulation:loss_accumulation_probe", ("prepared", "configuration"),
+             reports=("train.loss_accumulation",)),
+        Step("fp16", "fp16: trainable fp16 tensors, activation headroom", f"{_TRAIN}.fp16:fp16_probe",
+             ("prepared", "target", "configuration"), mutates=True, reports=("train.fp16",)),
+        Step("ddp_checkpointing", "DDP with activation checkpointing",
+             f"{_TRAIN}.ddp_checkpointing:ddp_checkpointing_probe", ("prepared", "configuration"),
+             reports=("train.ddp_checkpointing",)),
+        Step("fsdp_units", "FSDP units, replayed on the meta device", f"{_TRAIN}.fsdp_units:fsdp_units_probe",
+             ("prepared", "target", "configuration"), reports=("train.fsdp_units",)),
+    )),
 )
 
 
@@ -554,9 +570,11 @@ CHECKS: tuple[Check, ...] = (
     _c("run.gradients", "08_training_run",
        "What does the logged grad_norm say: steps the fp16 GradScaler skipped, no gradient reaching anything "
        "trainable, spikes?",
-       "on the logged steps with a non-zero finite loss: `grad_norm` inf/nan with the learning rate unchanged since "
-       "the previous logged step (the GradScaler skipped the optimizer step, so the scheduler did not step), counted "
-       "— up to 5 within the first 5 % of the run are the scaler finding its scale; `grad_norm == 0.0` while the "
+       "on the logged steps with a non-zero finite loss: `grad_norm` inf/nan with a finite loss (a step whose "
+       "gradient overflowed; under fp16 the GradScaler skipped it), counted, with the learning rate at the next "
+       "logged step: held (the scheduler saw the skip) or moved on (accelerate reports no skip for a fused optimizer, "
+       "transformers' default `adamw_torch_fused` with torch ≥ 2.8: accelerate #4242, the schedule runs ahead of "
+       "the updates) — up to 5 within the first 5 % of the run are the scaler finding its scale; `grad_norm == 0.0` while the "
        "loss is not 0.0 (no trainable tensor on the loss's graph: reentrant checkpointing without input grads, trl "
        "#835); spikes above 10× the run's median after its first tenth",
        **{"pass": "finite and non-zero",
@@ -568,8 +586,10 @@ CHECKS: tuple[Check, ...] = (
        "Does the learning rate do what the scheduler should: leave 0, leave its warmup, decay; did max_steps end "
        "the run before one epoch?",
        "the logged `learning_rate`: 0 at every step; rising at every logged step to the end of a finished run "
-       "(`warmup_steps` ≥ `max_steps`); constant after its peak while the recorded `lr_scheduler_type` decays "
-       "(model card or `--allow-pickle`); `epoch` < 1 when `global_step` reached `max_steps`; a run that stopped "
+       "(`warmup_steps` ≥ `max_steps`); constant after its peak to `max_steps` while the recorded `lr_scheduler_type` "
+       "decays (model card or `--allow-pickle`): a scheduler other than the recorded one ran "
+       "(`Trainer(optimizers=(optimizer, scheduler))`; `reduce_lr_on_plateau` and `greedy` do not count as "
+       "decaying); `epoch` < 1 when `global_step` reached `max_steps`; a run that stopped "
        "before `max_steps`",
        **{"pass": "warms up, peaks and follows its scheduler",
           "info": "max_steps ended the run before one epoch, the run stopped early, or it stopped during warmup",
@@ -604,7 +624,8 @@ CHECKS: tuple[Check, ...] = (
        "the versions the run recorded (the model card's \"Framework versions\", `transformers_version` in "
        "config.json, the adapter's PEFT version) against a table of known regressions with citations (`python -m "
        "workbench regressions`), each row's condition (head kind, trainer class, gradient accumulation > 1, fp16, "
-       "…) checked against this run — never a version match alone",
+       "…) checked against this run — never a version match alone; rows carry exemptions read from the model's "
+       "contract (e.g. `accepts_loss_kwargs = False`)",
        **{"pass": "no known regression applies",
           "info": "versions not recorded, or a regression whose condition the files cannot tell (the missing facts "
                   "named)",
@@ -612,6 +633,66 @@ CHECKS: tuple[Check, ...] = (
                   "inferred from a trl trainer)",
           "fail": "a regression that makes training or its result wrong applies to this run (cited, with its fix)",
           "skip": "not a Trainer output directory"}),
+    _c("train.loss_accumulation", "09_training_step",
+       "Does gradient accumulation change the loss the Trainer optimises: equal, inflated ×k, or not token-weighted?",
+       "the real Trainer (the class your set-up returned, else `transformers.Trainer`) runs one step twice with "
+       "`learning_rate=0` on your model class — your model when ≤ 5M parameter elements, else a tiny twin (the same "
+       "class from your config, shrunk; a VLM on text rows) — on the same rows: A = batch b·k × GA 1, B = batch b × GA k (k = your "
+       "`gradient_accumulation_steps`, 4 when it is 1); the logged `loss` and `grad_norm` of B over A. ≈ k: forward "
+       "takes `**kwargs` (the Trainer passes `num_items_in_batch` and skips its division by GA) but never hands them "
+       "to its loss (transformers #47688: sequence/token-classification heads); neither 1 nor k: micro-batch means "
+       "averaged (`accepts_loss_kwargs = False`, #37766). Says whether forward passes `**kwargs` to its loss. The "
+       "configuration: your Trainer, `--training-args FILE`, the run's record, else the Trainer's defaults",
+       **{"pass": "equal within 1e-4",
+          "info": "inflated or not token-weighted, but the configuration (yours, or the defaults) does not "
+                  "accumulate (GA 1)",
+          "warn": "not token-weighted under your GA > 1",
+          "fail": "inflated ×k with your gradient_accumulation_steps = k > 1",
+          "skip": "a model without a label loss (a bare encoder), or one that reads no token ids (speech)"}),
+    _c("train.fp16", "09_training_step",
+       "Under fp16=True, is a trainable parameter stored in fp16 (GradScaler raises \"Attempting to unscale FP16 "
+       "gradients\"), and how much headroom below 65504 do the activations keep?",
+       "(a) trainable parameters stored in fp16 under `fp16=True` (a PEFT `modules_to_save` copy keeps the base "
+       "dtype, peft #341); (b) one fp32 forward with hooks recording max |output| per module, log2(65504 / amax) in "
+       "two views — AMP (what autocast makes fp16) and half weights (every tensor, the residual stream included) — "
+       "the lowest-headroom tensors named, and the families vLLM refuses to run in fp16. Judged only when the "
+       "configuration uses fp16",
+       **{"pass": "no trainable fp16 tensor, headroom ≥ 4 bits",
+          "info": "the configuration does not use fp16: the headroom as a figure",
+          "warn": "under 4 bits of headroom, or a model type vLLM refuses to run in fp16 (its list kept as data)",
+          "fail": "a trainable fp16 parameter under fp16=True, or an activation that overflows fp16",
+          "error": "the fp32 forward did not run (no batch this model accepts)",
+          "skip": "no configuration to read"}),
+    _c("train.ddp_checkpointing", "09_training_step",
+       "Under DDP with activation checkpointing, does the run land in the cell that raises \"Expected to mark a "
+       "variable ready only once\" (reentrant × find_unused_parameters=True × no static_graph)?",
+       "the effective `use_reentrant`: the checkpoint function installed on the model (PEFT's "
+       "`prepare_model_for_kbit_training` passes `{}`, so torch's default True applies), or what the Trainer's own "
+       "`activation_checkpointing_enable(kwargs or None)` installs (None: transformers' `use_reentrant=False`), asked "
+       "of a tiny twin; trl's forcing is in your trl trainer's args; the effective `find_unused_parameters` and "
+       "`static_graph` from your Trainer's accelerator, else `Trainer._build_accelerator_args` on the prepared model "
+       "(explicit `ddp_find_unused_parameters`, else True for anything that is not a `PreTrainedModel`, a "
+       "`PeftModel` included). Notebook 06 with `--distributed 2` runs the cell on 2 gloo ranks",
+       **{"pass": "no checkpointing, non-reentrant, static_graph, or find_unused_parameters=False",
+          "fail": "reentrant checkpointing with find_unused_parameters=True and no static_graph (three fixes, "
+                  "safest first)",
+          "skip": "no configuration to read"}),
+    _c("train.fsdp_units", "09_training_step",
+       "Will FSDP refuse a unit of the wrapped model (\"Must flatten tensors with uniform dtype\" / \"… uniform "
+       "requires_grad\")?",
+       "torch's auto-wrap walk replayed on a meta-device copy of the prepared model for the configured policy "
+       "(transformer layer classes from the configuration or `_no_split_modules`, PEFT's `fsdp_auto_wrap_policy` "
+       "where the Trainer applies it — FSDP1 only —, size-based; accelerate's FSDP2 grouping and fp32 upcast, built "
+       "by accelerate's own `set_auto_wrap_policy`); per unit, as torch checks it: FSDP1 — one dtype, a floating "
+       "first tensor, uniform `requires_grad` when "
+       "`use_orig_params=False`; FSDP2 — one dtype among trainable parameters; QLoRA — `bnb_4bit_quant_storage` "
+       "equal to the compute dtype",
+       **{"pass": "every unit uniform (units listed)",
+          "info": "the configuration does not use FSDP: the units it would make",
+          "warn": "4-bit weights FSDP2 leaves unsharded (bnb_4bit_quant_storage differs from the compute dtype)",
+          "fail": "a unit FSDP refuses, named with its tensors and torch's message (the FSDP1 messages checked "
+                  "against real FSDP1 on one gloo rank)",
+          "skip": "no configuration to read"}),
 )
 
 

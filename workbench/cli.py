@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--recipes", help="a recipes YAML to evaluate side by side in notebook 05 (parameters/recipes.yaml)")
     d.add_argument("--data", help="the training data for notebook 07: a JSONL (messages, prompt/completion or text) "
                    "or a datasets.save_to_disk folder")
+    d.add_argument("--training-args", metavar="FILE",
+                   help="the training configuration for notebook 09: a YAML or JSON file of TrainingArguments "
+                        "fields (config_class: SFTConfig for a trl config)")
     d.add_argument("--reports-dir", default="reports", help="where reports go (default: reports/)")
     d.add_argument("--notebooks", nargs="*", help="only these notebooks (by number or name prefix)")
     d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
@@ -233,10 +236,15 @@ def _diagnosis_target(args):
 
         read_recipes(args.recipes)  # unusable file: exit 2 now, not an error deep in a notebook
         params["recipes"] = str(Path(args.recipes).resolve())
+    if args.training_args:
+        from workbench.probes.train.configuration import read_training_args_file
+
+        read_training_args_file(args.training_args)  # unknown fields: exit 2 now, naming them
     return resolve_target(options["checkpoint"], adapter=args.adapter, base=args.base, quant=options["quant"] or "none",
                           gpus=options["gpus"], setup=options["setup"], params=params, device_map=args.device_map,
                           max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                          allow_pickle=args.allow_pickle, data=args.data, run_checkpoint=args.run_checkpoint)
+                          allow_pickle=args.allow_pickle, data=args.data, run_checkpoint=args.run_checkpoint,
+                          training_args=args.training_args)
 
 
 def main(argv: list[str] | None = None) -> int:

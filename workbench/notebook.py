@@ -23,7 +23,7 @@ from workbench.display.result import Displayable
 TARGET_OPTIONS: dict[str, Any] = {
     "checkpoint": "", "adapter": "", "base": "", "quant": "none", "gpus": 1, "setup": "plain", "device_map": "",
     "max_memory": "", "dtype": "auto", "params_json": "{}", "trust_remote_code": False, "allow_pickle": False,
-    "data": "",
+    "data": "", "training_args": "",
 }
 NOTEBOOK_PARAMETERS: dict[str, Any] = {**TARGET_OPTIONS, "distributed": 0, "findings_path": ""}
 

@@ -118,6 +118,7 @@ class Target(Displayable):
     base_arg: str | None = None
     data: str | None = None  # --data: the training data (JSONL or a save_to_disk folder), notebook 07
     run: TrainerOutput | None = None  # CKPT is (or sits in) a Trainer output_dir: notebook 08
+    training_args: str | None = None  # --training-args: a YAML/JSON file of TrainingArguments fields, notebook 09
 
     @property
     def name(self) -> str:
@@ -150,7 +151,7 @@ class Target(Displayable):
             "max_memory": ",".join(f"{k}={v}" for k, v in (self.max_memory or {}).items()),
             "dtype": self.dtype, "params_json": json.dumps(self.params),
             "trust_remote_code": self.trust_remote_code, "allow_pickle": self.allow_pickle,
-            "data": absolute(self.data),
+            "data": absolute(self.data), "training_args": absolute(self.training_args),
         }
 
     def view(self):
@@ -217,7 +218,7 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                    device_map: Any = None, max_memory: Any = None, dtype: str = "auto",
                    trust_remote_code: bool = False, params_json: str | None = None,
                    allow_pickle: bool = False, headers_only: bool = False, data: str | None = None,
-                   run_checkpoint: int | None = None) -> Target:
+                   run_checkpoint: int | None = None, training_args: str | None = None) -> Target:
     """Resolve the user's arguments into a Target; every unusable input raises UsageError (exit 2).
 
     `headers_only`: the caller reads files and headers alone (the census); the set-up and the architecture are not
@@ -243,6 +244,9 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
     if data and not Path(data).expanduser().exists():
         raise UsageError(f"--data {data} does not exist; pass a JSONL file or a folder saved with "
                          "datasets.save_to_disk")
+    if training_args and not Path(training_args).expanduser().is_file():
+        raise UsageError(f"--training-args {training_args} does not exist; pass a YAML or JSON file of "
+                         "TrainingArguments fields")
     folder = resolve_local(checkpoint, what="checkpoint")
     run = find_trainer_output(folder, run_checkpoint)
     if run is not None:
@@ -304,4 +308,5 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                   params=params or {}, device_map=parse_device_map(device_map),
                   max_memory=parse_max_memory(max_memory), dtype=dtype or "auto",
                   trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, adapter_arg=adapter or None,
-                  base_arg=base or None, data=str(Path(data).expanduser()) if data else None, run=run)
+                  base_arg=base or None, data=str(Path(data).expanduser()) if data else None, run=run,
+                  training_args=str(Path(training_args).expanduser()) if training_args else None)

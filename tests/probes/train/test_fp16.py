@@ -1,0 +1,109 @@
+"""train.fp16: a trainable fp16 parameter under fp16=True (PEFT modules_to_save on an fp16 model, peft #341) fails
+and its fp32 twin passes; planted large weights overflow fp16 and a healthy tiny model keeps its headroom; without
+fp16 the same evidence is only information."""
+
+import pytest
+import torch
+
+from workbench.model.setups import PreparedModel
+from workbench.model.target import resolve_target
+from workbench.probes.train.configuration import TrainingConfiguration
+from workbench.probes.train.fp16 import fp16_probe
+from workbench.probes.train.fp16_headroom import FP16_REFUSED_BY_VLLM, headroom_bits, vllm_fp16_refusal
+
+
+def tiny_llama(dtype=torch.float32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(config).to(dtype)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fp16") / "llama"
+    tiny_llama().save_pretrained(folder)
+    return resolve_target(str(folder))
+
+
+def configuration(tmp_path, fp16: bool) -> TrainingConfiguration:
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(str(tmp_path / "out"), fp16=fp16, report_to=[])
+    return TrainingConfiguration("file training_args.yaml", args, given={"fp16": fp16})
+
+
+def with_saved_head(model):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]))
+
+
+def finding(result, verdicts=None):
+    found = [f for f in result.findings() if f.id == "train.fp16"]
+    return found if verdicts is None else [f for f in found if f.verdict in verdicts]
+
+
+def test_modules_to_save_copy_of_an_fp16_model_fails_under_fp16(target, tmp_path):
+    model = with_saved_head(tiny_llama(torch.float16))
+    result = fp16_probe(PreparedModel(model, None, "test", "fp16 + modules_to_save"), target,
+                        configuration(tmp_path, True))
+    failed = finding(result, {"fail"})
+    trainable = [f for f in failed if "trainable" in f.title]
+    assert trainable, result.findings()
+    assert "lm_head.modules_to_save.default.weight" in trainable[0].detail
+    assert "Attempting to unscale FP16 gradients" in trainable[0].detail
+    assert "param.data = param.data.float()" in trainable[0].fix
+    assert "huggingface/peft#341" in trainable[0].evidence["upstream"]
+    assert not any(".lora_" in n for n in result.fp16_trainable)  # PEFT upcasts its LoRA weights itself
+
+
+def test_the_same_adapter_on_an_fp32_model_passes(target, tmp_path):
+    model = with_saved_head(tiny_llama(torch.float32))
+    result = fp16_probe(PreparedModel(model, None, "test", "fp32 + modules_to_save"), target,
+                        configuration(tmp_path, True))
+    assert [f.verdict for f in finding(result)] == ["pass"], result.findings()
+    assert result.reading.residual and len(result.reading.residual) == 2  # one point per decoder block
+    assert result.judged_view == "AMP"
+
+
+def test_planted_large_weights_overflow_fp16(target, tmp_path):
+    model = tiny_llama()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1e9)  # the residual stream leaves fp16's range
+    result = fp16_probe(PreparedModel(model, None, "test", "planted"), target, configuration(tmp_path, True))
+    failed = finding(result, {"fail"})
+    assert failed and "overflows" in failed[0].title, result.findings()
+    assert result.reading.residual[-1]["headroom_bits"] < 0
+    assert failed[0].evidence["amp_lowest"][0]["headroom_bits"] < 0
+
+
+def test_without_fp16_the_headroom_is_information(target, tmp_path):
+    model = tiny_llama()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1e9)
+    result = fp16_probe(PreparedModel(model, None, "test", "planted"), target, configuration(tmp_path, False))
+    assert [f.verdict for f in finding(result)] == ["info"]
+    assert "not judged" in finding(result)[0].detail
+
+
+def test_an_fp16_model_is_judged_in_the_half_weights_view_and_restored(target, tmp_path):
+    model = tiny_llama(torch.float16)
+    before = {n: p.data_ptr() for n, p in model.named_parameters()}
+    result = fp16_probe(PreparedModel(model, None, "test", "fp16 full fine-tune"), target,
+                        configuration(tmp_path, True))
+    assert result.judged_view == "half weights"
+    assert all(p.data_ptr() == before[n] and p.dtype == torch.float16 for n, p in model.named_parameters())
+    trainable = [f for f in finding(result, {"fail"}) if "trainable" in f.title]
+    assert trainable  # a full fine-tune of an fp16 model: every parameter is trainable fp16
+
+
+def test_headroom_arithmetic_and_the_vllm_table():
+    assert headroom_bits(65504.0) == 0 and headroom_bits(4000.0) > 4 > headroom_bits(4100.0)
+    assert headroom_bits(float("inf")) == float("-inf") and headroom_bits(0.0) == float("inf")
+    from transformers import Gemma2Config, LlamaConfig
+
+    assert vllm_fp16_refusal(Gemma2Config())[0] == "gemma2" and "gemma3_text" in FP16_REFUSED_BY_VLLM
+    assert vllm_fp16_refusal(LlamaConfig()) is None
