@@ -67,9 +67,11 @@ def candidate_inputs(model, folder: str | Path, text: str = "What is in this ima
     are the only candidate when given. Else, by the model's `main_input_name` and head: for a VLM, image + text
     through the checkpoint's tokenizer and image processor (a red 224x224 test image), its saved processor, the
     image-processor class transformers maps to the model type with the model's own image-token count, or the
-    config's sizes (`workbench.model.multimodal_inputs`); for speech (`input_features`), the mapped feature
-    extractor; then text through the checkpoint's tokenizer; then random token ids. A builder that cannot build
-    yields a Candidate without inputs, with its error. Image and audio tensors come in the model's floating
+    config's sizes (`workbench.model.multimodal_inputs`); for speech (`input_features` / `input_values`, also a
+    SpeechEncoderDecoder's), the mapped feature extractor; then text through the checkpoint's tokenizer; then
+    random token ids, alone, then with what the forward takes beside them (layout boxes, language ids:
+    `beside_token_inputs`), then once per codebook (`codebook_ids`). A builder that cannot build yields a
+    Candidate without inputs, with its error. Image and audio tensors come in the model's floating
     dtype. Labels are added separately (`with_labels`), to fit the head."""
     import torch
     from PIL import Image
@@ -125,14 +127,19 @@ def candidate_inputs(model, folder: str | Path, text: str = "What is in this ima
         yield from attempt("the config's image sizes", lambda: mm.vlm_inputs_from_config(inner, config))
         yield from attempt("the mapped image processor, no image token",
                            lambda: mm.image_beside_text(inner, config, image))
-    if getattr(inner, "main_input_name", "input_ids") == "input_features":
+    main_input = getattr(inner, "main_input_name", "input_ids")
+    audio = {"input_features", "input_values"}
+    if main_input in audio or (main_input != "input_ids" and audio & mm.forward_params(inner)):  # "inputs": a composite
         yield from attempt("the mapped feature extractor", lambda: mm.speech_inputs(inner, config))
     if tokenizer is not None:
         yield Candidate(placed(dict(tokenizer([text], return_tensors="pt"))), "text through the checkpoint's tokenizer")
     vocab = getattr(getattr(config, "text_config", config), "vocab_size", 100) or 100
     generator = torch.Generator().manual_seed(0)
-    yield Candidate(placed({"input_ids": torch.randint(0, vocab, (1, 16), generator=generator)}),
+    ids = torch.randint(0, vocab, (1, 16), generator=generator)
+    yield Candidate(placed({"input_ids": ids}),
                     "16 random token ids" + ("" if tokenizer is not None else " (no tokenizer in the checkpoint)"))
+    yield from attempt("token ids with layout boxes or language ids", lambda: mm.beside_token_inputs(inner, config, ids))
+    yield from attempt("token ids per codebook", lambda: mm.codebook_ids(config, ids))
 
 
 def sample_inputs(model, folder: str | Path, text: str = "What is in this image?",

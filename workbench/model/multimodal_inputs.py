@@ -7,6 +7,13 @@ from the model's own contract rather than from a list of families.
   `get_image_features` says how many image tokens those tensors fill, and the prompt gets that many.
 - `vlm_inputs_from_config`: Qwen2-VL style grids, Gemma 3's `mm_tokens_per_image`, LLaVA's patch count, computed
   from the config (the fallback when no image-processor class is mapped).
+- `image_beside_text`: pixels beside the text (BLIP-2's Q-Former), the image resized to the vision tower's
+  `image_size` when the processor's default differs (its position embeddings have that many rows).
+- `codebook_ids`: token ids once per codebook (MusicGen's decoder: `num_codebooks` rows per sample).
+- `companion_ids`: token ids a forward requires beside `input_ids` (InstructBLIP's `qformer_input_ids`).
+- `beside_token_inputs`: what the forward needs beside the token ids, read from its signature and the config:
+  layout boxes (`bbox`: LayoutLM-style integer boxes below `max_2d_position_embeddings`, else Bros's normalized
+  floats), language ids (`lang_ids`: X-MOD's adapter of the config's first language).
 - `speech_inputs`: for `main_input_name == "input_features"`, the feature-extractor class mapped to the model type
   (its defaults: Whisper's 80 mel bins × 3000 frames) on one second of a quiet tone; decoder labels are token ids.
 """
@@ -74,6 +81,27 @@ def image_text_batch(model, config, n_image: int, vision: dict[str, Any], genera
     return inputs
 
 
+def companion_ids(model, config, n: int = 12) -> dict[str, torch.Tensor]:
+    """Token ids a forward requires beside `input_ids` (a parameter without default named `<part>_input_ids`,
+    InstructBLIP's `qformer_input_ids`), random ids of that part's vocabulary (`<part>_config.vocab_size`), with
+    their attention mask when the forward takes one."""
+    try:
+        signature = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for name, param in signature.items():
+        if not name.endswith("_input_ids") or param.default is not param.empty or name == "decoder_input_ids":
+            continue
+        part = getattr(config, f"{name[:-len('_input_ids')]}_config", None)
+        ids = text_ids(part or config, n, torch.Generator().manual_seed(1)).unsqueeze(0)
+        out[name] = ids
+        mask = name.replace("_input_ids", "_attention_mask")
+        if mask in signature:
+            out[mask] = torch.ones_like(ids)
+    return out
+
+
 def _mapped_instance(mapping: dict, model_type: str):
     """The first class of an auto-mapping entry that this install can build (PIL before torchvision variants),
     built with its defaults (the original checkpoint's sizes and normalization)."""
@@ -91,12 +119,28 @@ def _mapped_instance(mapping: dict, model_type: str):
     return None
 
 
+def _own_and_tower_types(config, tower: str) -> list[str]:
+    """The model type, then its tower's (`vision_config`), then a composite's encoder's (VisionEncoderDecoder's ViT,
+    SpeechEncoderDecoder's Wav2Vec2): the types whose processor classes may fit the model's input."""
+    types = [config.model_type]
+    for name in (tower, "encoder"):
+        sub = getattr(config, name, None)
+        if getattr(sub, "model_type", None):
+            types.append(sub.model_type)
+    return types
+
+
+def _encoder_config(config, tower: str):
+    """The sub-config that takes the pixels or the audio: the tower, else a composite's encoder."""
+    return getattr(config, tower, None) or getattr(config, "encoder", None)
+
+
 def mapped_image_processor(config):
     """The image processor transformers maps to the model type (else to its vision tower's), with its defaults."""
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
-    for model_type in (config.model_type, getattr(getattr(config, "vision_config", None), "model_type", None)):
-        processor = _mapped_instance(IMAGE_PROCESSOR_MAPPING_NAMES, model_type) if model_type else None
+    for model_type in _own_and_tower_types(config, "vision_config"):
+        processor = _mapped_instance(IMAGE_PROCESSOR_MAPPING_NAMES, model_type)
         if processor is not None:
             return processor
     return None
@@ -123,7 +167,8 @@ def vlm_inputs_from_image_processor(model, config, image) -> tuple[dict, str] | 
     processor = mapped_image_processor(config)
     if processor is None or image_token is None or not hasattr(inner, "get_image_features"):
         return None
-    vision = dict(processor(images=[image], return_tensors="pt"))
+    vision = {**dict(processor(images=[image], return_tensors="pt", **_tower_size(processor, config))),
+              **companion_ids(inner, config)}
     takes = set(inspect.signature(inner.get_image_features).parameters)
     device = next(inner.parameters()).device
     vision = {k: v.to(device) if hasattr(v, "to") else v for k, v in vision.items()}
@@ -151,17 +196,80 @@ def vlm_inputs_from_image_processor(model, config, image) -> tuple[dict, str] | 
 
 def image_beside_text(model, config, image) -> tuple[dict, str] | None:
     """For a model that takes pixels beside its text rather than in place of image tokens (BLIP, BLIP-2's
-    Q-Former, Florence-2's encoder): the mapped image processor's tensors and twelve text ids."""
+    Q-Former, Florence-2's encoder): the mapped image processor's tensors the forward takes and twelve text ids
+    (as decoder labels when the forward takes no input_ids: VisionEncoderDecoder)."""
     processor = mapped_image_processor(config)
-    if processor is None or "pixel_values" not in forward_params(model):
+    params = forward_params(model)
+    if processor is None or "pixel_values" not in params:
         return None
-    vision = {k: v for k, v in dict(processor(images=[image], return_tensors="pt")).items()
-              if k in forward_params(model)}
-    ids = text_ids(config, 12, torch.Generator().manual_seed(0)).unsqueeze(0)
+    vision = {k: v for k, v in dict(processor(images=[image], return_tensors="pt", **_tower_size(processor, config)))
+              .items() if k in params}
+    vision.update(companion_ids(model, config))
+    text_config = getattr(config, "decoder", None) or config  # a composite's text lives in its decoder
+    ids = text_ids(text_config, 12, torch.Generator().manual_seed(0)).unsqueeze(0)
     shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in vision.items() if hasattr(v, "shape"))
+    image_how = f"a red {image.width}x{image.height} image through {type(processor).__name__} (its defaults)"
+    if "input_ids" not in params and "labels" in params:  # an image encoder and a text decoder: the text is labels
+        return {**vision, "labels": ids}, f"{image_how}; 12 random decoder token ids as labels; {shapes}"
     return ({"input_ids": ids, "attention_mask": torch.ones_like(ids), **vision},
-            f"a red {image.width}x{image.height} image through {type(processor).__name__} (its defaults) beside 12 random text "
-            f"ids; {shapes}")
+            f"{image_how} beside 12 random text ids; {shapes}")
+
+
+def _tower_size(processor, config) -> dict[str, Any]:
+    """The processor's `size` (and `crop_size`) set to the vision tower's square `image_size` when its default
+    differs: BLIP-2's processor resizes to 384 while a tower configured for 224 has 16x16 + 1 position rows."""
+    side = getattr(_encoder_config(config, "vision_config"), "image_size", None)
+    if not isinstance(side, int) or isinstance(side, bool):
+        return {}
+    out: dict[str, Any] = {}
+    for key in ("size", "crop_size"):
+        default = getattr(processor, key, None)  # a dict or transformers' SizeDict
+        height, width = (getattr(default, "get", lambda _k: None)(k) for k in ("height", "width"))
+        if height and width and (height, width) != (side, side):
+            out[key] = {"height": side, "width": side}
+    return out
+
+
+def layout_boxes(config, n: int) -> tuple[torch.Tensor, str]:
+    """n boxes (x0, y0, x1, y1), one per token left to right on one line: integers in the embedding tables' range
+    when the config has `max_2d_position_embeddings` (LayoutLM, LiLT: coordinates 0-1000 index those tables),
+    else floats in [0, 1] (Bros scales normalized boxes by `bbox_scale`)."""
+    rows = getattr(config, "max_2d_position_embeddings", None)
+    top = min(1000, int(rows) - 1) if isinstance(rows, int) and rows > 1 else None
+    scale = float(top) if top is not None else 1.0
+    x0 = torch.arange(n, dtype=torch.float32) / n
+    boxes = torch.stack([x0, torch.full((n,), 0.1), x0 + 1.0 / n, torch.full((n,), 0.2)], dim=-1) * scale
+    if top is not None:
+        return boxes.round().long().clamp(0, top).unsqueeze(0), f"bbox: {n} integer boxes in 0-{top} on one line"
+    return boxes.unsqueeze(0), f"bbox: {n} normalized boxes in [0, 1] on one line"
+
+
+def beside_token_inputs(model, config, ids: torch.Tensor) -> tuple[dict, str] | None:
+    """The token ids with what the forward needs beside them (module docstring); None when it takes neither."""
+    params = forward_params(model)
+    extra: dict[str, Any] = {}
+    said: list[str] = []
+    if "bbox" in params:
+        extra["bbox"], how = layout_boxes(config, ids.shape[1])
+        said.append(how)
+    languages = getattr(config, "languages", None)
+    if "lang_ids" in params and isinstance(languages, (list, tuple)) and languages:
+        extra["lang_ids"] = torch.zeros(ids.shape[0], dtype=torch.long)  # per row, as the default language is
+        said.append(f"lang_ids: {languages[0]!r} (the config's first language)")
+    if not extra:
+        return None
+    return {"input_ids": ids, **extra}, f"{ids.shape[1]} random token ids with {'; '.join(said)}"
+
+
+def codebook_ids(config, ids: torch.Tensor) -> tuple[dict, str] | None:
+    """The token ids once per codebook, for a decoder over audio codes whose config has `num_codebooks` (MusicGen's
+    decoder takes input_ids of shape (batch x num_codebooks, length)); None for a config without codebooks."""
+    books = getattr(config, "num_codebooks", None)
+    if not isinstance(books, int) or isinstance(books, bool) or books < 2:
+        return None
+    return ({"input_ids": ids.repeat(books, 1)},
+            f"{ids.shape[1]} random token ids for each of the {books} codebooks (num_codebooks), "
+            f"input_ids {[books * ids.shape[0], ids.shape[1]]}")
 
 
 def vlm_inputs_from_config(model, config) -> tuple[dict, str] | None:
@@ -213,7 +321,8 @@ def speech_inputs(model, config) -> tuple[dict, str] | None:
     import numpy as np
     from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
 
-    extractor = _mapped_instance(FEATURE_EXTRACTOR_MAPPING_NAMES, config.model_type)
+    extractor = next((e for t in _own_and_tower_types(config, "audio_config")
+                      if (e := _mapped_instance(FEATURE_EXTRACTOR_MAPPING_NAMES, t)) is not None), None)
     if extractor is None:
         return None
     rate = int(getattr(extractor, "sampling_rate", 16000) or 16000)
