@@ -108,6 +108,7 @@ _SAVED = "workbench.probes.saved"
 _DATA = "workbench.probes.data"
 _RUN = "workbench.probes.run"
 _TRAIN = "workbench.probes.train"
+_SERVE = "workbench.probes.serve"
 
 NOTEBOOKS: tuple[NotebookSpec, ...] = (
     NotebookSpec("00_saved_files", "00 · What the saved files say", "Saved files", (
@@ -211,6 +212,16 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
              reports=("train.ddp_checkpointing",)),
         Step("fsdp_units", "FSDP units, replayed on the meta device", f"{_TRAIN}.fsdp_units:fsdp_units_probe",
              ("prepared", "target", "configuration"), reports=("train.fsdp_units",)),
+    )),
+    NotebookSpec("10_serving", "10 · Train against serve: the adapter where it is served", "Serving", (
+        _PREPARE,
+        Step("serve_adapter", "what each serving engine makes of the adapter",
+             f"{_SERVE}.adapter_rules:serve_adapter_probe", ("target", "params.serve_engines"),
+             reports=("serve.adapter",)),
+        Step("serve_template", "the chat template each engine will use", f"{_SERVE}.template:serve_template_probe",
+             ("target", "params.serve_engines"), reports=("serve.template",)),
+        Step("serve_merge", "merge_and_unload() against the unmerged adapter", f"{_SERVE}.merge:serve_merge_probe",
+             ("prepared", "target"), mutates=True, reports=("serve.merge",)),
     )),
 )
 
@@ -693,6 +704,38 @@ CHECKS: tuple[Check, ...] = (
           "fail": "a unit FSDP refuses, named with its tensors and torch's message (the FSDP1 messages checked "
                   "against real FSDP1 on one gloo rank)",
           "skip": "no configuration to read"}),
+    _c("serve.adapter", "10_serving",
+       "Will each serving engine load this adapter, and compute the update PEFT trained?",
+       "per engine — vLLM, llama.cpp (GGUF), TGI/LoRAX, SGLang — from `adapter_config.json` and the adapter's tensors "
+       "(never the base): ERROR (will not load), FLAG (loads with a server flag, named: `--max-lora-rank 32`), SILENT "
+       "(loads and computes another update: the factor, s·B·A's max relative difference against PEFT's, and the "
+       "compensation, e.g. rsLoRA r=64 under llama.cpp's α/r: `--lora-scaled adapter.gguf:8`) or OK. The rules are "
+       "data (`workbench/probes/serve/engine_rules.yaml`), each citing the engine's source file and issue; "
+       "[docs/serving.md](serving.md) is generated from them. Judged over the engines you serve on (`serve_engines` "
+       "in --params; default all)",
+       **{"pass": "every engine served on loads it and computes PEFT's update",
+          "warn": "an engine refuses it, or needs a named flag",
+          "fail": "an engine loads it and silently computes another update (the factor and the fix named)",
+          "skip": "no adapter"}),
+    _c("serve.template", "10_serving",
+       "Will the engine prompt with the chat template training used?",
+       "`tokenizer_config.json`'s `chat_template` against `chat_template.jinja` when both exist and differ "
+       "(llama.cpp's converter, gguf-py `SpecialVocab`, takes the first; transformers the second), a template only "
+       "the adapter's tokenizer carries, tokens added in training beyond the base's vocabulary (vLLM #28382)",
+       **{"pass": "one template, the one training used",
+          "warn": "a template or added tokens an engine may not use",
+          "fail": "an engine served on will prompt with another template",
+          "skip": "no chat template"}),
+    _c("serve.merge", "10_serving",
+       "Does merge_and_unload() give the model the adapter trained?",
+       "PEFT's own merge (`merge_adapter(safe_merge=True)`) on the prepared model against the unmerged forward on "
+       "the same batch: max logit difference and top-1 agreement; on a 4-bit base, the requantization of merging "
+       "into 4-bit weights (transformers #31293, peft #2321) with the fix (dequantize, then merge); a tied head "
+       "after merging. The model is restored exactly (its Parameter objects and merged flags); no extra load",
+       **{"pass": "within the dtype's rounding, top-1 agreement 100 %",
+          "warn": "beyond rounding, top-1 agreement ≥ 90 %",
+          "fail": "top-1 agreement below 90 %",
+          "skip": "no adapter"}),
 )
 
 

@@ -31,7 +31,9 @@ SCHEMA: dict[str, type] = {"components": dict, "real_quant_max_bytes": int, "com
                            # notebook 07 (--data): rows to read (absent: every row), the run's max_length (absent:
                            # your Trainer's, else trl's SFTConfig default) and its loss masking when no Trainer says
                            "data_samples": int, "max_length": int, "completion_only_loss": bool,
-                           "assistant_only_loss": bool}
+                           "assistant_only_loss": bool,
+                           # notebook 10: the engines the adapter is served on (absent: every engine the rules know)
+                           "serve_engines": list}
 
 
 def validate_params(data: Any, source: str = "parameters") -> dict[str, Any]:

@@ -1,0 +1,52 @@
+"""serve.merge: PEFT's merge against the unmerged adapter, on a healthy and a tied-head adapter; the prepared
+model is left as it was."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from tests.probes.serve.conftest import save_adapter, target_for, tiny_llama
+from workbench.model.guard import model_fingerprint
+from workbench.probes.serve.merge import serve_merge_probe
+
+
+def prepared_with(base, adapter, tie=False):
+    from peft import PeftModel
+
+    return SimpleNamespace(model=PeftModel.from_pretrained(tiny_llama(tie), str(adapter)))
+
+
+def values(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_healthy_r8_merges_equal_and_the_model_is_untouched(bases, tmp_path):
+    adapter = save_adapter(bases["untied"], tmp_path / "adapter", r=8, lora_alpha=16)
+    prepared = prepared_with(bases["untied"], adapter)
+    before, weights = model_fingerprint(prepared.model), values(prepared.model)
+    result = serve_merge_probe(prepared, target_for(bases["untied"], adapter))
+    found = result.findings()[0]
+    assert found.verdict == "pass", found.detail
+    assert result.top1_agreement == 1.0 and result.merged_layers == 4
+    assert model_fingerprint(prepared.model) == before
+    assert all(torch.equal(weights[n], p) for n, p in prepared.model.named_parameters())
+    assert not any(getattr(m, "merged", False) for m in prepared.model.modules())
+
+
+def test_lora_on_the_tied_head_changes_the_embeddings_when_merged(bases, tmp_path):
+    adapter = save_adapter(bases["tied"], tmp_path / "adapter", tie=True, r=8, lora_alpha=64,
+                           target_modules=["q_proj", "lm_head"])
+    prepared = prepared_with(bases["tied"], adapter, tie=True)
+    weights = values(prepared.model)
+    result = serve_merge_probe(prepared, target_for(bases["tied"], adapter))
+    found = result.findings()[0]
+    assert result.tied_head and found.verdict in ("warn", "fail"), found.detail
+    assert "Untie" in found.fix
+    assert all(torch.equal(weights[n], p) for n, p in prepared.model.named_parameters())
+
+
+def test_no_adapter_is_skipped(bases):
+    result = serve_merge_probe(SimpleNamespace(model=tiny_llama()), target_for(bases["untied"], None))
+    assert result.findings()[0].verdict == "skip"

@@ -1,0 +1,1 @@
+"""Notebook 10: train against serve (what each serving engine makes of the adapter, its template, the merge)."""
