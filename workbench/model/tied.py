@@ -36,8 +36,17 @@ def tied_notes(aliases: dict[str, str]) -> list[str]:
     return [" = ".join([*sorted(alias_list), canonical]) for canonical, alias_list in sorted(by_canonical.items())]
 
 
-def shares_weight(model: nn.Module, first_module: str, second_module: str) -> bool:
-    """Whether two modules' `weight` is one parameter object in `model` (a head tied to its input embeddings)."""
+def weight_partners(model: nn.Module, module: str) -> list[str]:
+    """The other modules whose `weight` is the same parameter object as `module`'s, canonical first.
+
+    The tie as the model makes it, wherever it points: T5Gemma ties `lm_head.out_proj` to the decoder's
+    `model.decoder.embed_tokens` (its `_tied_weights_keys`), while its `get_input_embeddings()` is the encoder's;
+    an EncoderDecoderModel's BERT decoder ties `decoder.cls.predictions.decoder` to `decoder.bert.embeddings
+    .word_embeddings`. Tied tensors are saved once, so a caller looks the partners up in the file (the canonical
+    name, the one `named_parameters()` keeps, is the one the tiny checkpoints of both save).
+    """
     aliases = tied_aliases(model)
-    first, second = f"{first_module}.weight", f"{second_module}.weight"
-    return aliases.get(first, first) == aliases.get(second, second)
+    weight = f"{module}.weight"
+    canonical = aliases.get(weight, weight)
+    sharers = [canonical, *sorted(alias for alias, target in aliases.items() if target == canonical)]
+    return [name.removesuffix(".weight") for name in sharers if name != weight and name.endswith(".weight")]

@@ -457,3 +457,65 @@ def test_an_encoder_decoder_tied_by_its_decoder_config_passes_and_fails_once_the
     edit_json(untied / "config.json", decoder={**decoder, "tie_word_embeddings": False})
     f = finding("config.tied_embeddings", untied)
     assert f.verdict == "fail" and "decoder.cls.predictions.decoder" in f.title
+
+
+# --- config.tied_embeddings follows the head's own tie, not get_input_embeddings() ------------------------------
+def tiny_t5gemma(folder: Path) -> Path:
+    from transformers import T5GemmaConfig, T5GemmaForConditionalGeneration, T5GemmaModuleConfig
+
+    torch.manual_seed(0)
+    module = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}
+    # _tied_weights_keys ties lm_head.out_proj to model.decoder.embed_tokens; get_input_embeddings() is the encoder's
+    T5GemmaForConditionalGeneration(T5GemmaConfig(encoder=T5GemmaModuleConfig(**module),
+                                                  decoder=T5GemmaModuleConfig(**module))).save_pretrained(folder)
+    return folder
+
+
+def tiny_bert_encoder_decoder(folder: Path) -> Path:
+    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel
+
+    torch.manual_seed(0)
+    bert = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 32}
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(BertConfig(**bert), BertConfig(**bert))
+    # the BERT decoder's own config ties decoder.cls.predictions.decoder to its own word embeddings, not the encoder's
+    EncoderDecoderModel(config).save_pretrained(folder)
+    return folder
+
+
+def with_saved_head(folder: Path, head: str) -> None:
+    """Write the head tensor into the file, trained apart (values unlike every embedding)."""
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors[head] = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("build, head, tied_to", [
+    (tiny_t5gemma, "lm_head.out_proj", "model.decoder.embed_tokens"),
+    (tiny_bert_encoder_decoder, "decoder.cls.predictions.decoder", "decoder.bert.embeddings.word_embeddings")])
+def test_a_head_tied_to_the_decoders_embeddings_passes_without_its_key_and_fails_once_it_differs(
+        build, head, tied_to, copy_of, tmp_path):
+    healthy = build(tmp_path / "healthy")
+    f = finding("config.tied_embeddings", healthy)
+    assert f.verdict == "pass" and f.evidence["tied_by_model"] is True
+    assert f.evidence["output_tensor"] is None and f.evidence["input_tensor"] == f"{tied_to}.weight"
+    differs = copy_of(healthy, "head-differs")
+    with_saved_head(differs, f"{head}.weight")
+    f = finding("config.tied_embeddings", differs)
+    assert f.verdict == "fail" and "differs" in f.title and f"{tied_to}.weight" in f.detail
+
+
+def test_an_untied_t5gemma_without_its_head_fails(copy_of, edit_json, tmp_path):
+    untied = copy_of(tiny_t5gemma(tmp_path / "t5gemma"), "untied")
+    edit_json(untied / "config.json", tie_word_embeddings=False)  # T5GemmaForConditionalGeneration reads this flag
+    f = finding("config.tied_embeddings", untied)
+    assert f.verdict == "fail" and "no lm_head.out_proj" in f.title and f.evidence["tied_by_model"] is False
+
+
+def test_an_untied_bert_decoder_without_its_head_fails(copy_of, edit_json, tmp_path):
+    untied = copy_of(tiny_bert_encoder_decoder(tmp_path / "bert2bert"), "untied-decoder")
+    decoder = json.loads((untied / "config.json").read_text())["decoder"]
+    edit_json(untied / "config.json", decoder={**decoder, "tie_word_embeddings": False})
+    f = finding("config.tied_embeddings", untied)
+    assert f.verdict == "fail" and "no decoder.cls.predictions.decoder" in f.title

@@ -23,7 +23,7 @@ from typing import Any
 from workbench.display.nodes import facts_table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.model.tied import shares_weight
+from workbench.model.tied import weight_partners
 from workbench.probes.saved.files import SavedFiles, adapter_module
 
 TIED = "config.tied_embeddings"
@@ -36,9 +36,9 @@ GENERATION = "config.generation"
 class TiedEmbeddingsResult(ProbeResult):
     config_path: str
     tie_word_embeddings: bool | None = None  # config.json's flag (the text config's for a VLM)
-    tied_by_model: bool | None = None  # the head is its input embeddings' parameter once built (None: not built)
+    tied_by_model: bool | None = None  # the built head shares its parameter with embeddings (None: not built)
     model_class: str | None = None
-    input_module: str | None = None
+    input_module: str | None = None  # the embeddings the built head is tied to, else get_input_embeddings()
     output_module: str | None = None
     input_tensor: str | None = None  # in the checkpoint's headers
     output_tensor: str | None = None
@@ -129,7 +129,12 @@ def tied_embeddings_probe(files: SavedFiles) -> TiedEmbeddingsResult:
     if files.skeleton is not None and result.input_module and result.output_module:
         skeleton = files.skeleton[0]
         result.model_class = type(skeleton).__name__
-        result.tied_by_model = shares_weight(skeleton, result.input_module, result.output_module)
+        partners = weight_partners(skeleton, result.output_module)
+        result.tied_by_model = bool(partners)
+        if partners and result.input_module not in partners:
+            # the head is tied to other embeddings than get_input_embeddings() (an encoder-decoder's decoder side):
+            # that tie is the one to check, under the name the checkpoint saves it
+            result.input_module = next((m for m in partners if files.tensor(f"{m}.weight")), partners[0])
     entries = {}
     for kind in ("input", "output"):
         module = getattr(result, f"{kind}_module")
