@@ -497,10 +497,14 @@ def tiny_architecture_rows(rows: list, tmp: Path, model_types: list[str]) -> Non
 def census_rows(rows: list, out: Path) -> None:
     """The whole architecture census (`python -m workbench families --out OUT`), timed: wall, and per record."""
     start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "workbench", "families", "--out", str(out)], stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    written = out / "families.json"
+    before = written.stat().st_mtime if written.exists() else 0.0
+    proc = subprocess.run([sys.executable, "-m", "workbench", "families", "--out", str(out)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
     wall = time.monotonic() - start
-    report_ = json.loads((out / "families.json").read_text())
+    if proc.returncode not in (0, 1) or not written.exists() or written.stat().st_mtime <= before:
+        raise SystemExit(f"the census did not complete (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    report_ = json.loads(written.read_text())
     seconds = sorted(r["seconds"] for r in report_["records"] if r.get("seconds") is not None)
     summary = report_["summary"]
     rows.append((f"the architecture census: {summary['architectures']} model types × plain, qlora (one worker per "
@@ -508,6 +512,47 @@ def census_rows(rows: list, out: Path) -> None:
                  f"goal ≤ 60 min on 2 cores; per record median {statistics.median(seconds):.1f} s, max "
                  f"{seconds[-1]:.0f} s; {summary['built']} built ({summary['built_share']:.0%}), clean "
                  + ", ".join(f"{k} {v}" for k, v in summary["clean"].items())))
+
+
+CALLBACK = """
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+from workbench.demo.chat_data import chat_rows
+from workbench.integrations import WorkbenchCallback
+AutoModelForCausalLM.from_pretrained(FOLDER)  # the modeling module's import, outside the clock
+t = time.perf_counter()
+model = AutoModelForCausalLM.from_pretrained(FOLDER)
+load = time.perf_counter() - t
+tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+rows = Dataset.from_list([{'input_ids': list(tokenizer.apply_chat_template(r['messages'], tokenize=True,
+                          return_dict=True)['input_ids'])} for r in chat_rows(ROWS)])
+callback = WorkbenchCallback()
+args = TrainingArguments(output_dir=TMP, per_device_train_batch_size=8, max_steps=1, report_to=[], use_cpu=True,
+                         disable_tqdm=True, save_strategy='no', logging_steps=1)
+trainer = Trainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer,
+                  data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), callbacks=[callback])
+t = time.perf_counter()
+trainer.train()
+train = time.perf_counter() - t
+report = json.loads((callback.report_folder / 'findings.json').read_text())
+result = {'preflight': callback.preflight_seconds, 'load': load, 'train': train,
+          'findings': len(report['findings']), 'dtype': str(model.dtype)}
+"""
+
+
+def callback_row(rows: list, folder: Path, tokenizer: Path, tmp: Path, n_rows: int, repeats: int, what: str) -> None:
+    """WorkbenchCallback's pre-flight on a Trainer of `folder`'s model (`tokenizer`'s chat rows) against one load of
+    that model, in the same process (goal: the pre-flight under one load's time)."""
+    body = (CALLBACK.replace("FOLDER", repr(str(folder))).replace("TOKENIZER", repr(str(tokenizer)))
+            .replace("TMP", repr(str(tmp))).replace("ROWS", str(n_rows)))
+    out = measure(body, repeats)
+    preflight, load = [r["preflight"] for r in out], [r["load"] for r in out]
+    ratio = statistics.median(preflight) / statistics.median(load)
+    rows.append((f"WorkbenchCallback pre-flight on a Trainer of {what} ({out[0]['dtype']}, {n_rows} chat rows), "
+                 "against one load of that model", stats(preflight), stats(load),
+                 f"{ratio:.2f}× one load", f"goal < 1× one load; {out[0]['findings']} findings; the whole train() with "
+                 f"one step {statistics.median(r['train'] for r in out):.2f} s"))
 
 
 def table(rows: list) -> str:
@@ -545,6 +590,8 @@ def main() -> None:
     parser.add_argument("--log-entries", type=int, default=200_000)
     parser.add_argument("--only-architectures", action="store_true",
                         help="just `diagnose` on tiny checkpoints of a few model types outside the demo")
+    parser.add_argument("--only-callback", action="store_true",
+                        help="just WorkbenchCallback's pre-flight against one model load")
     parser.add_argument("--only-census", metavar="OUT",
                         help="just the whole architecture census, timed (about 25 min; families.md/json go to OUT)")
     args = parser.parse_args()
@@ -580,6 +627,15 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
             tiny_architecture_rows(rows, Path(tmp), TINY_ARCHITECTURES)
         report("architectures", "A diagnosis of a tiny architecture outside the demo", rows)
+        return
+    if args.only_callback:
+        with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+            tmp = Path(tmp)
+            callback_row(rows, demo.llama, demo.llama, tmp, 200, args.repeats, "the demo's text model")
+            label, shape = next(iter(SCALING_SHAPES.items()))
+            callback_row(rows, write_llama(tmp / "llama", shape), demo.llama, tmp, 200, args.repeats,
+                         f"a {label} Llama")
+        report("callback", "The training callback's pre-flight", rows)
         return
     if args.only_census:
         census_rows(rows, Path(args.only_census))

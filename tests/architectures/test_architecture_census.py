@@ -53,6 +53,19 @@ def test_records_not_built_under_plain_carry_their_reason_to_every_setup():
     assert summary(records)["built"] == 0 and "| x | XForCausalLM | not built" in markdown(records, {})
 
 
+def test_a_known_incompatibility_names_the_reason_of_a_record_written_before_it_was_known():
+    from workbench.architectures.known_incompatibilities import known_incompatibility
+
+    unrunnable = {"model_type": "fnet", "setup": "plain", "built": False, "verdicts": {}, "problems": [],
+                  "reason": "no batch runs the tiny checkpoint: BatchNotAccepted: Unsupported dtype BFloat16"}
+    healthy = {"model_type": "llama", "setup": "plain", "built": True, "verdicts": {}, "problems": [], "reason": None}
+    broken = {**healthy, "problems": [{"id": "grad.flow", "verdict": "fail", "title": "t", "detail": ""}]}
+    records = finalized([unrunnable, healthy, broken])
+    assert records[0]["reason"] == known_incompatibility("fnet", "plain") and "torch.fft" in records[0]["reason"]
+    assert records[1]["reason"] is None and records[2]["reason"] is None  # nothing known about llama: a false alarm
+    assert summary(records)["records_with_problems"] == 1
+
+
 @pytest.mark.slow
 def test_a_sample_of_architectures_is_built_and_clean_under_plain_and_qlora(tmp_path):
     records = finalized(run_census(("plain", "qlora"), list(SAMPLE), tmp_path))

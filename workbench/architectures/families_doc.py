@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workbench.architectures.known_incompatibilities import known_incompatibility
 from workbench.findings import write_json_atomic, write_text_atomic
 
 FALSE_ALARM = ("fail", "error", "warn")
@@ -18,6 +19,7 @@ FALSE_ALARM = ("fail", "error", "warn")
 
 def finalized(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records with `built` decided by the plain set-up, for every set-up of the architecture."""
+    records = [_with_known_reason(r) for r in records]
     plain = {r["model_type"]: r for r in records if r["setup"] == "plain"}
     out = []
     for r in records:
@@ -26,6 +28,16 @@ def finalized(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r = {**r, "built": False, "reason": base["reason"], "verdicts": {}, "problems": []}
         out.append(r)
     return out
+
+
+def _with_known_reason(record: dict[str, Any]) -> dict[str, Any]:
+    """The reason the known-incompatibilities data gives now (it may have grown since the record was written), for
+    a record with problems or one no batch ran."""
+    known = known_incompatibility(record["model_type"], record["setup"])
+    no_batch = not record["built"] and (record["reason"] or "").startswith("no batch runs")
+    if known and (record["problems"] or no_batch):
+        return {**record, "reason": known}
+    return record
 
 
 def summary(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -33,6 +33,16 @@ KNOWN: dict[tuple[str, str], str] = {
         "`model.` prefix leaves Gemma3ForConditionalGeneration's language-model weights unloaded, so its 4-bit layers "
         "keep plain Parameters and peft raises \"'Parameter' object has no attribute 'compress_statistics'\"; no "
         "upstream issue found. Load a ShieldGemma2 checkpoint with ShieldGemma2ForImageClassification"),
+    ("cohere_asr", "qlora"): (
+        "a real incompatibility (peft 0.21.2, transformers 5.23): the same as canary's — Cohere ASR's encoder is the "
+        "Parakeet conformer (configuration_cohere_asr.py: model_type parakeet_encoder), whose BatchNorm1d buffers "
+        "stay bf16 after prepare_model_for_kbit_training casts the parameters to fp32 (peft/utils/other.py:205-209): "
+        "'expected scalar type Float but found BFloat16'; no upstream issue found. Cast the BatchNorm buffers to fp32 "
+        "after prepare_model_for_kbit_training, or load in fp32"),
+    ("fnet", "plain"): (
+        "a real incompatibility (torch 2.13, transformers 5.23): FNet mixes tokens with torch.fft.fftn "
+        "(modeling_fnet.py, FNetBasicFourierTransform), which has no bfloat16 kernel ('Unsupported dtype "
+        "BFloat16'), so no bf16 forward runs, with or without autocast; no upstream issue found. Train FNet in fp32"),
     ("mra", "plain"): (
         "a real incompatibility (transformers 5.23): MraSelfAttention hands query/key/value `.float()` to "
         "mra2_attention and returns its float32 context uncast (modeling_mra.py:550, MraSelfAttention.forward), so "

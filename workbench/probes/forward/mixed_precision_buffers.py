@@ -2,11 +2,11 @@
 
 `fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=bf16))` casts parameters to the compute dtype for the
 forward but never buffers. A frozen module whose fp32 buffer enters its arithmetic (Gemma-4's vision `std_bias` /
-`std_scale`) then turns bf16 activations back into fp32 (trainable modules' buffers are left alone just the same), and the next bf16 matmul raises. This probe simulates
-the policy on the prepared model — floating parameters cast to the compute dtype, buffers left alone — runs the
-forward under the dtype tracer, and restores every parameter afterwards. Parameters the class declares in
-`_keep_in_fp32_modules(_strict)` stay as they are, as they would in a unit of their own with an fp32 policy
-(Inkling2's router computes `hidden.float()` against `mlp.gate.weight`: cast, the class itself breaks). A break in
+`std_scale`) then turns bf16 activations back into fp32 (trainable modules' buffers are left alone just the same), and the next bf16 matmul raises. This probe
+simulates the policy on the prepared model — floating parameters cast to the compute dtype, buffers left alone — runs the
+forward under the dtype tracer, and restores every parameter afterwards. Parameters the class's own dtype plan
+keeps in fp32 at the compute dtype (`_keep_in_fp32_modules_strict`; `_keep_in_fp32_modules` only under fp16, as
+transformers loads them) stay as they are, as they would in a unit of their own with an fp32 policy (Inkling2's router computes `hidden.float()` against `mlp.gate.weight`: cast, the class itself breaks). A break in
 a library class's own code (`library_dtype_break`: MRA's attention returns fp32) is named as the class's.
 """
 
@@ -25,6 +25,7 @@ from workbench.model.batch import target_inputs
 from workbench.model.components import ComponentClassifier, unwrap_model
 from workbench.model.dtypes import compute_dtype_of, dtype_name, keep_in_fp32_matcher, off_compute_dtype
 from workbench.model.forward import run_forward
+from workbench.model.quantized_prediction import dtype_plan_matcher
 from workbench.probes.dtype.tracer import DtypeTracer
 from workbench.probes.forward.library_dtype_break import library_break_fix, library_dtype_break
 
@@ -113,11 +114,14 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
     inputs = {k: v.to(compute) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
     saved: dict[nn.Parameter, torch.dtype] = {}
     kept: list[str] = []
+    # what the class's own dtype plan keeps in fp32 at this compute dtype (`_keep_in_fp32_modules_strict`;
+    # `_keep_in_fp32_modules` only for fp16): DeepSeek-V4's non-strict compressor is bf16 in a bf16 load
+    planned = dtype_plan_matcher(inner, compute)
     was_training = model.training
     try:
         for pname, p in model.named_parameters():
             short = pname[len(prefix) + 1:] if prefix and pname.startswith(prefix + ".") else pname
-            if p.dtype.is_floating_point and p.dtype != compute and keep_fp32(short):
+            if p.dtype.is_floating_point and p.dtype != compute and planned(short) == torch.float32:
                 kept.append(pname)  # the class keeps it in fp32: its own unit, its own policy
             elif p.dtype.is_floating_point and p.dtype != compute:
                 saved[p] = p.dtype
