@@ -231,3 +231,65 @@ def test_an_embedding_read_only_at_its_padding_row_is_named_not_a_break(family, 
     assert finding.verdict == "info", (finding.title, finding.detail)
     assert table.status == "zero" and table.cause == "padding_row_only" and table.where == "padding_idx=0"
     assert "only at their padding_idx row" in finding.detail and "mlp.table.weight" in finding.detail
+
+
+class WindowCompressor(nn.Module):
+    """Compresses every `window` tokens into one entry, as DeepSeek-V4's HCA compressor does
+    (transformers/models/deepseek_v4/modeling_deepseek_v4.py, DeepseekV4HCACompressor.forward): a batch shorter than
+    the window slices its projection to zero tokens and returns `new_zeros` in its place."""
+
+    def __init__(self, hidden, dtype, window):
+        super().__init__()
+        self.window = window
+        self.kv_proj = nn.Linear(hidden, hidden, bias=False, dtype=dtype)
+
+    def forward(self, x):
+        kv = self.kv_proj(x)
+        usable = (kv.shape[1] // self.window) * self.window
+        chunk = kv[:, :usable]
+        if chunk.shape[1] > 0:
+            return chunk.view(kv.shape[0], usable // self.window, self.window, -1).mean(2)
+        return chunk.new_zeros((kv.shape[0], 0, kv.shape[-1]))
+
+
+class Compressed(nn.Module):
+    """An MLP plus the sum of a compressor's entries."""
+
+    def __init__(self, inner, hidden, dtype, window):
+        super().__init__()
+        self.inner = inner
+        self.compressor = WindowCompressor(hidden, dtype, window)
+
+    def forward(self, x):
+        return self.inner(x) + self.compressor(x).sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("window", [2, 100_000])
+def test_a_compressor_whose_window_this_batch_never_fills_is_not_exercised(family, window):
+    prepared, target, layer, hidden, dtype = _llama(family)
+    layer.mlp = Compressed(layer.mlp, hidden, dtype, window)
+    result, finding = _finding(prepared, target)
+    proj = next(r for r in result.rows if r.name == "model.layers.0.mlp.compressor.kv_proj.weight")
+    if window == 2:  # the batch fills windows: the compressor trains
+        assert finding.verdict == "pass" and proj.status == "ok", (finding.title, finding.detail)
+        return
+    # read, but its projection is sliced to nothing and replaced by new_zeros: nothing of it reaches the loss
+    assert finding.verdict == "info", (finding.title, finding.detail)
+    assert proj.status == "none" and proj.cause == "not_read"
+    assert result.unused == ["model.layers.0.mlp.compressor.kv_proj.weight"]
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_detach_under_non_reentrant_checkpointing_is_the_codes_not_the_checkpoints(family, detach):
+    prepared, target, layer, *_ = _llama(family)
+    prepared.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if detach:
+        layer.mlp = Detaching(layer.mlp)
+    result, finding = _finding(prepared, target)
+    if not detach:  # non-reentrant checkpointing records the graph: everything trains
+        assert finding.verdict == "pass", (finding.title, finding.detail)
+        return
+    assert finding.verdict == "fail", (finding.title, finding.detail)
+    assert {r.cause for r in result.rows if r.status != "ok"} == {"code_cut"}
+    assert "reentrant" not in finding.detail and "Remove the detach" in finding.fix
+    assert "test_grad_flow_causes.py" in finding.detail

@@ -6,8 +6,9 @@ through any chain (`through_any`), and through floating-point tensors only (`thr
 boolean result (top-k or argmax indices, a comparison) carries the first and drops the second. Where a floating input
 that requires grad gives a floating output that does not (`.detach()`, `.data`, an op under `torch.no_grad`), the
 tensors behind it are cut from autograd: the site is recorded with the first frame outside torch that made the call.
-A module output no traced op produced (an `autograd.Function`'s, reentrant checkpointing's) carries what the module
-read: its inputs and the trainable tensors it holds.
+Every tensor a traced op returns is marked, with an empty set when it depends on no trainable tensor; a module
+output left unmarked, which no traced op produced (an `autograd.Function`'s, reentrant checkpointing's), carries what
+the module read: its inputs and the trainable tensors it holds.
 
 A trainable tensor that gets no gradient is then one of:
 - never read by this forward, or read into values the loss never sees (`not_on_loss`);
@@ -16,7 +17,10 @@ A trainable tensor that gets no gradient is then one of:
 An embedding table looked up only at its padding_idx row gets a zero gradient by nn.Embedding's contract
 (`padding_only`).
 Values that depend on a tensor only through its shape or dtype (`zeros_like`, `new_zeros`, the `other` of `type_as`
-or `to`) do not carry it.
+or `to`) do not carry it, and neither does an empty tensor (a slice to zero elements, as a compressor's window slice
+of a batch shorter than its window): it holds no value for the loss to read.
+A cut is laid to gradient checkpointing only inside reentrant checkpointing's own no-grad forward
+(`CheckpointFunction.forward`); the non-reentrant kind records the graph, so a cut under it is the code's own.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ from torch.utils._pytree import tree_flatten
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _THIS_FILE = os.path.abspath(__file__)
 _CHECKPOINT_FILE = os.path.join(_TORCH_DIR, "utils", "checkpoint.py")
+# reentrant checkpointing runs the checkpointed function here under torch.no_grad (torch/utils/checkpoint.py,
+# `with torch.no_grad(): outputs = run_function(*args)`); the non-reentrant path records the graph
+_REENTRANT_FORWARD = "CheckpointFunction.forward"
+_NO_REACH = (0, 0)
 _ATTRIBUTE = "_workbench_loss_reach"
 
 
@@ -102,7 +110,7 @@ def caller_site() -> CutSite:
     first = None
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
-        if filename == _CHECKPOINT_FILE:
+        if filename == _CHECKPOINT_FILE and frame.f_code.co_qualname == _REENTRANT_FORWARD:
             in_checkpoint = True
         if first is None and not filename.startswith(_TORCH_DIR) and filename != _THIS_FILE:
             first = frame
@@ -163,10 +171,13 @@ class LossReachTracer(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if _is_shape_only(func):
+            self._mark_untouched(out)
             return out
         inputs = _value_arguments(func, args, kwargs)
         through_any = through_floating = cut_here = 0
         for tensor in inputs:
+            if not tensor.numel():  # an empty tensor holds no value to pass on
+                continue
             reach_any, reach_floating = self._reach(tensor)
             through_any |= reach_any
             if tensor.is_floating_point() or tensor.is_complex():
@@ -174,6 +185,7 @@ class LossReachTracer(TorchFunctionMode):
                 if tensor.requires_grad:
                     cut_here |= reach_floating
         if not through_any:
+            self._mark_untouched(out)
             return out
         direct = sum(self._bit.get(id(t), 0) for t in {id(t): t for t in inputs}.values())
         self.read |= direct
@@ -197,6 +209,13 @@ class LossReachTracer(TorchFunctionMode):
                     self.cut |= new
                     self.cut_sites.append((new, caller_site()))
         return out
+
+    def _mark_untouched(self, out: Any) -> None:
+        """Marks the tensors an op returned as carrying no trainable tensor, so that a module returning them is not
+        taken for one whose output no traced op produced. A tensor already marked (an in-place op's) keeps its mark."""
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor) and id(tensor) not in self._bit and not hasattr(tensor, _ATTRIBUTE):
+                setattr(tensor, _ATTRIBUTE, _NO_REACH)
 
     def reach_of(self, loss: torch.Tensor) -> LossReach:
         through_any, through_floating = self._reach(loss)
