@@ -35,6 +35,7 @@ install: $(STAMP)
 $(STAMP): requirements.txt requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c requirements.lock
+	$(PY) -m pip uninstall --quiet --yes workbench 2>/dev/null || true  # the distribution's former name
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . \
 		|| $(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)" >/dev/null

@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("diagnose", help="run the diagnostic notebooks into a dated report")
-    d.add_argument("checkpoint", nargs="?", help="checkpoint or adapter folder (default: the bundled demo)")
+    d.add_argument("checkpoint", nargs="?", help="checkpoint or adapter folder, or a hub id org/name "
+                   "(default: the bundled demo)")
     d.add_argument("--checkpoint", type=int, dest="run_checkpoint", metavar="N",
                    help="CKPT is a Trainer output_dir: diagnose its checkpoint-N (default: the final save at its "
                         "root, else the latest checkpoint)")
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--reports-dir", default="reports", help="where reports go (default: reports/)")
     d.add_argument("--notebooks", nargs="*", help="only these notebooks (by number or name prefix)")
     d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
+    d.add_argument("--download", action="store_true",
+                   help="a hub id's weights too (without it: configs, tokenizer and adapter files, the base's "
+                        "safetensors headers by range requests, and only the notebooks that need no weight)")
     d.add_argument("--allow-pickle", action="store_true",
                    help="load pickle weights (.bin) with torch.load(weights_only=True), and a run's "
                         "training_args.bin with torch.load(weights_only=False) (it runs code); refused by default")
@@ -56,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds one notebook cell may run before it is stopped and marked error (default 1800)")
 
     c = sub.add_parser("census", help="dtype census from safetensors headers alone (no weight is read)")
-    c.add_argument("checkpoint")
+    c.add_argument("checkpoint", help="a checkpoint folder, or a hub id org/name (headers read over HTTP)")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c.add_argument("--trust-remote-code", action="store_true")
 
@@ -139,7 +143,8 @@ def cmd_census(args) -> int:
     from workbench.model.target import resolve_target
     from workbench.probes.dtype.headers import checkpoint_probe
 
-    target = resolve_target(args.checkpoint, trust_remote_code=args.trust_remote_code, headers_only=True)
+    target = resolve_target(args.checkpoint, trust_remote_code=args.trust_remote_code, headers_only=True,
+                            hub=_hub_mode(args))
     result = checkpoint_probe(target)
     finding = result.findings()[0]
     rows = [row for census in result.censuses for row in census.rows]
@@ -204,7 +209,8 @@ def cmd_diagnose(args) -> int:
         if kernel is not None:
             kernel.close()
         raise
-    folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=args.notebooks,
+    only = _notebooks_without_weights(target, args.notebooks)
+    folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=only,
                                 cell_timeout=args.cell_timeout, jobs=jobs, kernel=kernel,
                                 extra_parameters={"distributed": args.distributed})
     failing = [f for f in findings if f.verdict in FAILING_VERDICTS]
@@ -244,13 +250,45 @@ def _diagnosis_target(args):
                           gpus=options["gpus"], setup=options["setup"], params=params, device_map=args.device_map,
                           max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
                           allow_pickle=args.allow_pickle, data=args.data, run_checkpoint=args.run_checkpoint,
-                          training_args=args.training_args)
+                          training_args=args.training_args, hub=_hub_mode(args))
+
+
+def _hub_mode(args) -> str:
+    """How hub ids are reached: fetched unless the user set HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE themselves."""
+    if args.user_offline:
+        return "cache"
+    return "download" if getattr(args, "download", False) else "headers"
+
+
+def _notebooks_without_weights(target, only: list[str] | None) -> list[str] | None:
+    """A hub base whose weights stayed on the hub: the notebooks that read files and headers alone, said so."""
+    from workbench.model.hub import HEADERS_ONLY_NOTEBOOKS, weights_left_on_hub
+
+    left = weights_left_on_hub(target.model_dir)
+    if left is None:
+        return only
+    files, size = left
+    wanted = [n for n in (only or HEADERS_ONLY_NOTEBOOKS) if n.startswith(HEADERS_ONLY_NOTEBOOKS)]
+    print(f"{target.base or target.checkpoint}: weights left on the hub ({files} file(s), {size / 1e9:.2f} GB); "
+          f"running notebook {', '.join(HEADERS_ONLY_NOTEBOOKS)} (files and headers) only. The notebooks that load "
+          "the model need them: pass --download")
+    if not wanted:
+        raise UsageError(f"--notebooks {' '.join(only or [])}: these load the model, whose weights are on the hub "
+                         f"({size / 1e9:.2f} GB); pass --download")
+    return wanted
+
+
+def _user_offline() -> bool:
+    return any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in
+               ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def main(argv: list[str] | None = None) -> int:
+    user_offline = _user_offline()  # before quiet_and_offline sets the default
     quiet_and_offline()
     skip_slow_optional_imports()
     args = build_parser().parse_args(argv)
+    args.user_offline = user_offline
     handler = {"diagnose": cmd_diagnose, "census": cmd_census, "checks": cmd_checks, "demo": cmd_demo,
                "lab": cmd_lab, "families": cmd_families, "regressions": cmd_regressions}[args.command]
     try:

@@ -8,6 +8,7 @@ then splits the header tensors into components using a meta-device skeleton of t
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -32,6 +33,7 @@ class CheckpointInspection:
     pickle_files: list[str]
     problems: list[str]  # make the checkpoint unusable or wrong: fail
     warnings: list[str]  # odd but loadable: warn
+    hub: str | None = None  # "ORG/NAME@COMMIT": weights left on the hub, headers read by HTTP range requests
 
     @property
     def bytes_read(self) -> int:
@@ -50,6 +52,8 @@ class CheckpointInspection:
         evidence = {"folder": str(self.folder), "kind": self.kind, "files": files, "tensors": self.tensor_count,
                     "weight_bytes": self.weight_bytes, "header_bytes_read": self.bytes_read,
                     "problems": self.problems, "warnings": self.warnings}
+        if self.hub:
+            evidence["hub"] = self.hub
         if self.problems:
             return [Finding("checkpoint.integrity", "fail", f"Checkpoint is damaged: {self.problems[0]}",
                             "; ".join(self.problems[:10]), evidence,
@@ -61,7 +65,9 @@ class CheckpointInspection:
                             "Remove stray or duplicate weight files so that every loader reads the same tensors.")]
         return [Finding("checkpoint.integrity", "pass", "Checkpoint files are complete and consistent",
                         f"{len(files)} weight file(s), {self.tensor_count} tensors, {self.weight_bytes:,} bytes of "
-                        f"weights; headers read: {self.bytes_read:,} bytes.", evidence)]
+                        f"weights; headers read: {self.bytes_read:,} bytes"
+                        + (f" over HTTP from the hub ({self.hub}; no weight downloaded)." if self.hub else "."),
+                        evidence)]
 
 
 def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
@@ -79,39 +85,50 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
 
 
 def inspect_checkpoint(folder: str | Path) -> CheckpointInspection:
+    """The folder's files, shards and headers. A hub snapshot fetched without its weights (`workbench.model.hub`)
+    counts the files the hub holds as present and reads their headers from the range requests' record."""
+    from workbench.model.hub import remote_weights
+
     folder = Path(folder)
     problems: list[str] = []
     warnings: list[str] = []
     config = _read_json(folder / "config.json", problems)
     adapter_config = _read_json(folder / "adapter_config.json", problems)
     kind = "adapter" if adapter_config is not None else "model" if config is not None else "unknown"
+    remote = remote_weights(folder)
+    names = {p.name for p in folder.iterdir() if p.is_file()} if folder.is_dir() else set()
+    if remote is not None:
+        names |= {n for n in remote.files if "/" not in n}
+
+    def matching(pattern: str) -> set[str]:
+        return set(fnmatch.filter(names, pattern))
 
     files: list[Path] = []
-    index_path = next((folder / n for n in INDEX_NAMES if (folder / n).exists()), None)
+    index_name = next((n for n in INDEX_NAMES if n in names), None)
     listed: dict[str, str] = {}
-    if index_path is not None:
-        index = _read_json(index_path, problems) or {}
+    if index_name is not None:
+        index = _read_json(folder / index_name, problems) or {}
         listed = index.get("weight_map") or {}
         if not isinstance(listed, dict) or not listed:
-            problems.append(f"{index_path.name} has no weight_map")
+            problems.append(f"{index_name} has no weight_map")
             listed = {}
         for shard in sorted(set(listed.values())):
-            if (folder / shard).exists():
+            if shard in names:
                 files.append(folder / shard)
             else:
                 missing = sum(1 for s in listed.values() if s == shard)
-                problems.append(f"shard {shard} is listed in {index_path.name} ({missing} tensors) but missing")
-        strays = {p.name for p in folder.glob("*.safetensors")} - set(listed.values())
+                problems.append(f"shard {shard} is listed in {index_name} ({missing} tensors) but missing")
+        strays = matching("*.safetensors") - set(listed.values())
         if strays:
             warnings.append(f"safetensors files not in the index (ignored by from_pretrained): {sorted(strays)}")
     else:
-        files = [folder / n for n in SINGLE_NAMES if (folder / n).exists()]
-        others = sorted(p for p in folder.glob("*.safetensors") if p not in files)
+        files = [folder / n for n in SINGLE_NAMES if n in names]
+        others = sorted(folder / n for n in matching("*.safetensors") if folder / n not in files)
         if not files and others:
             files = others
             warnings.append(f"safetensors files without an index under non-standard names: {[p.name for p in others]}")
 
-    pickle_files = sorted({p.name for g in PICKLE_GLOBS for p in folder.glob(g)})
+    pickle_files = sorted({n for g in PICKLE_GLOBS for n in matching(g)})
     if pickle_files and files:
         warnings.append(f"both safetensors and pickle weights present ({pickle_files}); transformers reads the "
                         "safetensors ones")
@@ -119,9 +136,13 @@ def inspect_checkpoint(folder: str | Path) -> CheckpointInspection:
     headers: list[SafetensorsHeader] = []
     for path in files:
         try:
-            header = read_header(path)
+            header = read_header(path) if path.exists() or remote is None else remote.header(folder, path.name)
         except HeaderError as exc:
             problems.append(str(exc).replace(str(folder) + "/", ""))
+            continue
+        if header is None:
+            problems.append(f"{path.name}: on the hub ({remote.repo_id}@{remote.commit[:12]}) but its header was not "
+                            "read; run `workbench census` on the hub id again, or pass --download")
             continue
         headers.append(header)
         problems.extend(f"{path.name}: {p}" for p in header.problems)
@@ -134,7 +155,8 @@ def inspect_checkpoint(folder: str | Path) -> CheckpointInspection:
                 break
     if not files and not pickle_files:
         problems.append("no weight files (model.safetensors, its shards, adapter_model.safetensors or *.bin)")
-    return CheckpointInspection(folder, kind, config, adapter_config, headers, pickle_files, problems, warnings)
+    hub = f"{remote.repo_id}@{remote.commit}" if remote is not None else None
+    return CheckpointInspection(folder, kind, config, adapter_config, headers, pickle_files, problems, warnings, hub)
 
 
 @dataclasses.dataclass(repr=False)

@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from importlib import metadata
 from pathlib import Path
 from typing import Iterable
 
 from workbench.model.components import ComponentClassifier
+from workbench.paths import cache_root
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +38,7 @@ class HeaderMap:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("WORKBENCH_CACHE") or Path.home() / ".cache" / "workbench"
-    return Path(root) / "header-maps"
+    return cache_root() / "header-maps"
 
 
 SCHEMA = b"2"  # bumped when what a map holds or how components are found changes: older entries are rebuilt

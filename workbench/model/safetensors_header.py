@@ -74,18 +74,31 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     """Parse one file's header and check the file against it. Raises `HeaderError` if unreadable."""
     path = Path(path)
     file_size = path.stat().st_size
-    if file_size < 8:
-        raise HeaderError(f"{path}: {file_size} bytes, too short to be a safetensors file (truncated?)")
     with open(path, "rb") as fh:
-        header_size = int.from_bytes(fh.read(8), "little")
-        if header_size > MAX_HEADER_BYTES:
-            raise HeaderError(f"{path}: header length field says {header_size} bytes; not a safetensors file")
-        if 8 + header_size > file_size:
-            raise HeaderError(
-                f"{path}: header needs {header_size} bytes but the file has {file_size - 8} after the length "
-                "field (truncated)"
-            )
+        prefix = fh.read(8)
+        header_size = header_length(path, prefix, file_size)
         raw = fh.read(header_size)
+    return parse_header(path, raw, file_size)
+
+
+def header_length(path: Path | str, prefix: bytes, file_size: int) -> int:
+    """The header length the file's first 8 bytes declare, checked against the file's size."""
+    if file_size < 8 or len(prefix) < 8:
+        raise HeaderError(f"{path}: {file_size} bytes, too short to be a safetensors file (truncated?)")
+    header_size = int.from_bytes(prefix[:8], "little")
+    if header_size > MAX_HEADER_BYTES:
+        raise HeaderError(f"{path}: header length field says {header_size} bytes; not a safetensors file")
+    if 8 + header_size > file_size:
+        raise HeaderError(
+            f"{path}: header needs {header_size} bytes but the file has {file_size - 8} after the length "
+            "field (truncated)"
+        )
+    return header_size
+
+
+def parse_header(path: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
+    """The header from its JSON bytes (after the 8-byte length) and the whole file's size, wherever they were read:
+    a local file or HTTP range requests (`workbench.model.hub_headers`). Raises `HeaderError` if unreadable."""
     try:
         parsed = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -97,6 +110,7 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
         raise HeaderError(f"{path}: __metadata__ is not an object")
     tensors = [_tensor_entry(path, name, spec) for name, spec in parsed.items()]
     tensors.sort(key=lambda t: (t.start, t.end))
+    header_size = len(raw)
     problems = _check_layout(tensors, file_size - 8 - header_size)
     return SafetensorsHeader(
         path=path, file_size=file_size, header_size=header_size, tensors=tuple(tensors),

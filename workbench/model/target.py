@@ -1,7 +1,9 @@
 """What is being diagnosed: a checkpoint folder, or an adapter and the base it was trained on.
 
 A CKPT holding adapter_config.json is an adapter; its base is `base_model_name_or_path` there unless --base
-overrides it. Hub ids are looked up in the local Hugging Face cache only: the workbench never downloads.
+overrides it. Hub ids (`org/name`) resolve through `workbench.model.hub`: the local Hugging Face cache only (`hub=
+"cache"`, the default: notebook kernels run offline), or fetched by the CLI (`"headers"`: configs, tokenizer and
+adapter files, the base's safetensors headers by range requests; `"download"`: everything).
 
 A Trainer's output_dir (trainer_state.json at its root or in `checkpoint-N/`) is a run: the final save at its root is
 diagnosed when there is one, else the latest checkpoint (`--checkpoint N` picks another); a `checkpoint-N` folder
@@ -18,9 +20,9 @@ from typing import Any
 
 from workbench.display.result import Displayable
 from workbench.errors import UsageError
+from workbench.model.hub import HUB_ID, is_hub_id, resolve_hub
 
 CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")  # transformers' PREFIX_CHECKPOINT_DIR + "-" + step
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 QUANTS = ("none", "4bit", "8bit")
 MAX_GPUS_PER_PROCESS = 64
 
@@ -124,6 +126,8 @@ class Target(Displayable):
     def name(self) -> str:
         """A short, filesystem-safe name for the report folder."""
         leaf = (self.adapter_dir or self.model_dir).name or "checkpoint"
+        if self.run is None and is_hub_id(self.checkpoint):  # a hub snapshot's folder is named by its commit
+            leaf = self.checkpoint.rsplit("/", 1)[-1]
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", leaf)[:60]
 
     def as_contract(self) -> dict[str, Any]:
@@ -161,8 +165,9 @@ class Target(Displayable):
         return Display(Table(None, rows, row_headers=True, left=True))
 
 
-def resolve_local(ref: str, *, what: str, relative_to: Path | None = None) -> Path:
-    """A local folder for `ref`: a path, a path relative to `relative_to`, or a hub id already in the HF cache."""
+def resolve_local(ref: str, *, what: str, relative_to: Path | None = None, hub: str = "cache") -> Path:
+    """A local folder for `ref`: a path, a path relative to `relative_to`, or a hub id (`hub`: how to reach it,
+    `workbench.model.hub.HUB_MODES`)."""
     path = Path(ref).expanduser()
     candidates = [path] + ([relative_to / ref] if relative_to is not None and not path.is_absolute() else [])
     for candidate in candidates:
@@ -171,15 +176,7 @@ def resolve_local(ref: str, *, what: str, relative_to: Path | None = None) -> Pa
         if candidate.exists():
             raise UsageError(f"{what} {ref} is a file; pass the folder that holds config.json and the weights")
     if HUB_ID.match(ref):
-        try:
-            from huggingface_hub import snapshot_download
-
-            return Path(snapshot_download(ref, local_files_only=True))
-        except Exception:  # noqa: BLE001 - any miss in the cache means: not available offline
-            raise UsageError(
-                f"{what} {ref!r} is not a local folder; it looks like a Hugging Face hub id, and the workbench "
-                f"never downloads (it runs offline). Download it where you have network "
-                f"(`hf download {ref} --local-dir DIR`) and pass DIR") from None
+        return resolve_hub(ref, what=what, mode=hub)
     raise UsageError(f"{what} {ref} does not exist; check the path")
 
 
@@ -218,12 +215,14 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                    device_map: Any = None, max_memory: Any = None, dtype: str = "auto",
                    trust_remote_code: bool = False, params_json: str | None = None,
                    allow_pickle: bool = False, headers_only: bool = False, data: str | None = None,
-                   run_checkpoint: int | None = None, training_args: str | None = None) -> Target:
+                   run_checkpoint: int | None = None, training_args: str | None = None,
+                   hub: str = "cache") -> Target:
     """Resolve the user's arguments into a Target; every unusable input raises UsageError (exit 2).
 
     `headers_only`: the caller reads files and headers alone (the census); the set-up and the architecture are not
     checked, so neither torch nor transformers is imported. `run_checkpoint`: the step of the checkpoint-N to
-    diagnose when CKPT is a Trainer output directory (default: its final save, else its latest checkpoint)."""
+    diagnose when CKPT is a Trainer output directory (default: its final save, else its latest checkpoint).
+    `hub`: how hub ids are reached ("cache", "headers", "download"; `workbench.model.hub`)."""
     from workbench.model.checkpoint import inspect_checkpoint
 
     if params_json:
@@ -247,7 +246,7 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
     if training_args and not Path(training_args).expanduser().is_file():
         raise UsageError(f"--training-args {training_args} does not exist; pass a YAML or JSON file of "
                          "TrainingArguments fields")
-    folder = resolve_local(checkpoint, what="checkpoint")
+    folder = resolve_local(checkpoint, what="checkpoint", hub=hub)
     run = find_trainer_output(folder, run_checkpoint)
     if run is not None:
         folder = run.folder
@@ -262,7 +261,7 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
             raise UsageError(f"{checkpoint} is itself an adapter (it holds adapter_config.json); drop --adapter")
         adapter_dir = folder
     elif adapter:
-        adapter_dir = resolve_local(adapter, what="adapter")
+        adapter_dir = resolve_local(adapter, what="adapter", hub=hub)
         if not (adapter_dir / "adapter_config.json").exists():
             raise UsageError(f"adapter {adapter} holds no adapter_config.json; pass a PEFT adapter folder")
     if adapter_dir is not None:
@@ -278,7 +277,8 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
             base_ref, base_source = recorded, "adapter_config.json"
         else:
             raise UsageError(f"{adapter_dir}/adapter_config.json names no base_model_name_or_path; pass --base")
-        model_dir = resolve_local(base_ref, what=f"the adapter's base ({base_source})", relative_to=adapter_dir)
+        model_dir = resolve_local(base_ref, what=f"the adapter's base ({base_source})", relative_to=adapter_dir,
+                                  hub=hub)
     else:
         if base:
             raise UsageError("--base applies to an adapter; CKPT is a full checkpoint (no adapter_config.json)")

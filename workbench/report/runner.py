@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import logging
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -63,14 +64,25 @@ def declared_checks(notebook: Path) -> list[str]:
 
 
 def ensure_kernel() -> str:
-    """The project's kernel, registered by `make install`; fail clearly if it is missing."""
+    """The project's kernel: registered by `make install`; after a `pip install`, registered here for this
+    interpreter on first use (ipykernel's own installer: the environment's prefix, else the user's Jupyter folder)."""
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
     try:
         spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
     except NoSuchKernel:
-        raise UsageError(f"the Jupyter kernel {KERNEL_NAME!r} is not registered; run `make install` (or "
-                         f"`python -m ipykernel install --sys-prefix --name {KERNEL_NAME}`)") from None
+        from ipykernel.kernelspec import install
+
+        try:
+            install(kernel_name=KERNEL_NAME, display_name="Python (workbench)", prefix=sys.prefix)
+        except OSError:  # a read-only environment: the user's own Jupyter data folder
+            try:
+                install(kernel_name=KERNEL_NAME, display_name="Python (workbench)", user=True)
+            except OSError as exc:
+                raise UsageError(f"the Jupyter kernel {KERNEL_NAME!r} is not registered and could not be "
+                                 f"({exc.strerror}); run `python -m ipykernel install --user --name {KERNEL_NAME}`"
+                                 ) from None
+        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
     return spec.argv[0] if spec.argv else KERNEL_NAME
 
 
