@@ -43,6 +43,30 @@ KNOWN: dict[tuple[str, str], str] = {
         "a real incompatibility (torch 2.13, transformers 5.23): FNet mixes tokens with torch.fft.fftn "
         "(modeling_fnet.py, FNetBasicFourierTransform), which has no bfloat16 kernel ('Unsupported dtype "
         "BFloat16'), so no bf16 forward runs, with or without autocast; no upstream issue found. Train FNet in fp32"),
+    ("longt5", "qlora"): (
+        "a real incompatibility (transformers 5.23, bitsandbytes 0.50.2): LongT5's feed-forward casts its input to "
+        "`self.wo.weight.dtype` unless that dtype is int8 (modeling_longt5.py:288-293, copied from T5), but unlike T5 "
+        "(`_keep_in_fp32_modules = ['wo']`, modeling_t5.py:537, which keeps `wo` out of 4-bit) the class declares no "
+        "module to keep, so `wo` is a Params4bit whose dtype is uint8 and the activations are cast to uint8: 'result "
+        "type Float can't be cast to the desired output type Byte'; no upstream issue found. Load with "
+        "BitsAndBytesConfig(llm_int8_skip_modules=['wo', 'lm_head'])"),
+    ("switch_transformers", "qlora"): (
+        "a real incompatibility (transformers 5.23, bitsandbytes 0.50.2): the same cast as LongT5's "
+        "(modeling_switch_transformers.py:150-155, copied from T5) with no `_keep_in_fp32_modules`, so a 4-bit `wo` "
+        "(uint8) casts the activations to uint8: 'result type Float can't be cast to the desired output type Byte'; "
+        "no upstream issue found. Load with BitsAndBytesConfig(llm_int8_skip_modules=['wo', 'lm_head'])"),
+    ("speecht5", "qlora"): (
+        "a real incompatibility (transformers 5.23, bitsandbytes 0.50.2): in training, SpecAugment masks the speech "
+        "encoder's hidden states in place (`hidden_states[mask_time_indices] = self.masked_spec_embed`, "
+        "modeling_speecht5.py:621-643) right after the feature projection, whose 4-bit output is a view made inside "
+        "bitsandbytes' MatMul4Bit autograd Function: 'Output 0 of MatMul4Bit is a view and is being modified "
+        "inplace'; no upstream issue found. Set mask_time_prob=0 (and mask_feature_prob=0) for 4-bit training, or "
+        "keep the feature projection out of 4-bit (llm_int8_skip_modules)"),
+    ("speech-encoder-decoder", "qlora"): (
+        "a real incompatibility (transformers 5.23, bitsandbytes 0.50.2): its Wav2Vec2 encoder applies SpecAugment "
+        "in place on the 4-bit feature projection's output (modeling_wav2vec2.py:1245-1267), a view made inside "
+        "bitsandbytes' MatMul4Bit: 'Output 0 of MatMul4Bit is a view and is being modified inplace'; no upstream "
+        "issue found. Set mask_time_prob=0 for 4-bit training, or keep feature_projection out of 4-bit"),
     ("mra", "plain"): (
         "a real incompatibility (transformers 5.23): MraSelfAttention hands query/key/value `.float()` to "
         "mra2_attention and returns its float32 context uncast (modeling_mra.py:550, MraSelfAttention.forward), so "

@@ -146,3 +146,34 @@ def test_xlnet_fp32_parameters_in_a_bf16_model_break_its_forward_and_warn():
     names = {i.name for i in report.suspicious}
     assert "transformer.layer.0.rel_attn.q" in names  # einsum(bf16 hidden, fp32 q) raises without autocast
     assert report.findings()[0].verdict == "warn"
+
+
+class Router(nn.Module):
+    """A router the class builds in fp32 whatever the load dtype, upcasting its input (HunYuan-MoE's `wg`)."""
+
+    def __init__(self, config, router_dtype: torch.dtype | None = torch.float32):
+        super().__init__()
+        self.config = config
+        self.proj = nn.Linear(8, 8)
+        self.wg = nn.Linear(8, 4, bias=False, dtype=router_dtype)
+
+    @classmethod
+    def _from_config(cls, config, dtype=None):
+        with default_dtype(dtype):
+            return cls(config, **getattr(config, "router", {}))
+
+    def forward(self, hidden):
+        weights = self.wg(hidden.to(self.wg.weight.dtype)).softmax(-1)
+        return self.proj(hidden) * weights.max(-1, keepdim=True).values.to(hidden.dtype)
+
+
+def test_a_parameter_the_class_builds_in_fp32_is_its_choice_when_the_forward_runs_and_a_users_cast_warns():
+    with default_dtype(BF16):
+        healthy = Router(types.SimpleNamespace())
+        cast = Router(types.SimpleNamespace(router={"router_dtype": None}))  # the class builds it in the load dtype
+    cast.wg.float()  # ... and the user cast it
+    report = fp32_islands(healthy, inputs=_batch())
+    (island,) = report.islands
+    assert island.name == "wg.weight" and "built in float32 by Router itself" in island.intentional
+    assert "forward of the diagnosis batch runs" in island.intentional and report.findings()[0].verdict == "info"
+    assert [i.name for i in fp32_islands(cast, inputs=_batch()).suspicious] == ["wg.weight"]

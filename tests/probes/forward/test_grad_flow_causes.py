@@ -293,3 +293,14 @@ def test_a_detach_under_non_reentrant_checkpointing_is_the_codes_not_the_checkpo
     assert {r.cause for r in result.rows if r.status != "ok"} == {"code_cut"}
     assert "reentrant" not in finding.detail and "Remove the detach" in finding.fix
     assert "test_grad_flow_causes.py" in finding.detail
+
+
+@pytest.mark.parametrize("nan", [False, True])
+def test_a_nan_loss_is_no_verdict_not_a_break(family, nan):
+    """NaN != NaN: with a NaN loss every shifted tensor would read as 'the loss moves', 21 false breaks."""
+    prepared, target, *_ = _llama(family)
+    if nan:
+        prepared.model.lm_head.register_forward_hook(lambda _m, _i, out: out * float("nan"))
+    _, finding = _finding(prepared, target)
+    assert finding.verdict == ("error" if nan else "pass"), (finding.title, finding.detail)
+    assert ("no gradient verdict is possible" in finding.title + finding.detail) == nan

@@ -117,8 +117,9 @@ def traced_containment(model: nn.Module, inputs: dict, compute_dtype: torch.dtyp
 
 
 def class_built_dtypes(model: nn.Module, compute_dtype: torch.dtype) -> dict[str, torch.dtype]:
-    """Buffer name -> dtype in the model's own class loaded in `compute_dtype`, on the meta device (no weight read;
-    buffers the class computes at construction are computed). Empty when the class cannot be rebuilt here."""
+    """Buffer and parameter name -> dtype in the model's own class loaded in `compute_dtype`, on the meta device (no
+    weight read; buffers the class computes at construction are computed; a parameter built with an explicit dtype
+    keeps it). Empty when the class cannot be rebuilt here."""
     from accelerate import init_empty_weights
 
     config = getattr(model, "config", None)
@@ -130,4 +131,4 @@ def class_built_dtypes(model: nn.Module, compute_dtype: torch.dtype) -> dict[str
             skeleton = build(copy.deepcopy(config), dtype=compute_dtype)
     except Exception:  # noqa: BLE001 - a class that does not rebuild from its config here: no class evidence
         return {}
-    return {name: b.dtype for name, b in skeleton.named_buffers()}
+    return {name: t.dtype for name, t in (*skeleton.named_buffers(), *skeleton.named_parameters())}

@@ -224,6 +224,7 @@ def fp32_islands(model: nn.Module, compute_dtype: torch.dtype | None = None,
             reasons[off.name] = verdict.reason(off.module_name, type(off.module).__name__, compute,
                                                dtype_name(off.tensor.dtype))
     _explain_untraced_buffers(offs, reasons, traced, inner, prefix, compute_dtype)
+    _explain_class_built_parameters(offs, reasons, traced, inner, prefix, compute_dtype)
     islands = [Island(off.name, off.kind, dtype_name(off.tensor.dtype), classifier.component_of(off.name),
                       off.module_frozen, reasons[off.name]) for off in offs]
     # frozen modules first, buffers before parameters: the DataParallel-replica and FSDP buffer leaks come from there
@@ -285,3 +286,26 @@ def _explain_untraced_buffers(offs: list[OffDtypeTensor], reasons: dict[str, str
                                  f"own {compute} load holds it so: {type(off.module).__name__} computes it at "
                                  f"construction); {unseen}, so whether it stays out of the activations is not "
                                  "traced")
+
+
+def _explain_class_built_parameters(offs: list[OffDtypeTensor], reasons: dict[str, str | None],
+                                    traced: TracedForward, inner: nn.Module, prefix: str,
+                                    compute_dtype: torch.dtype) -> None:
+    """Parameters left unexplained that the class itself builds in their dtype whatever the load dtype (its own
+    load in the compute dtype, rebuilt on meta, holds them so: HunYuan-MoE's router `wg` is
+    `nn.Linear(..., dtype=torch.float32)` and upcasts its input; Zamba's `A_log` is used as `A_log.float()`), when
+    the traced forward of the diagnosis batch ran in the compute dtype without raising: the class computes there in
+    that dtype on purpose. A class whose own fp32 parameters break the forward (XLNet, DeBERTa) stays suspicious,
+    and so does a parameter the class would build in the compute dtype (the user's cast)."""
+    pending = [off for off in offs if reasons[off.name] is None and off.kind == "parameter"]
+    if not pending or not traced.ran or traced.raised:
+        return
+    class_dtypes = class_built_dtypes(inner, compute_dtype)
+    compute = dtype_name(compute_dtype)
+    for off in pending:
+        inner_name = off.name[len(prefix) + 1:] if prefix and off.name.startswith(prefix + ".") else off.name
+        if class_dtypes.get(inner_name) == off.tensor.dtype:
+            reasons[off.name] = (f"built in {dtype_name(off.tensor.dtype)} by {type(inner).__name__} itself (its own "
+                                 f"{compute} load holds it so), and the {compute} forward of the diagnosis batch "
+                                 f"runs: {type(off.module).__name__} computes in {dtype_name(off.tensor.dtype)} there "
+                                 "on purpose")

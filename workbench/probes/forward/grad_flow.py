@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import re
 from collections import Counter
 from typing import Any
@@ -262,6 +263,9 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
             loss = loss_of(model(**inputs))
         reach = tracer.reach_of(loss)
         loss_value = float(loss.detach().float())
+        if not math.isfinite(loss_value):  # NaN != NaN: every shift would read as "the loss moves"
+            raise FloatingPointError(f"the loss of this batch is {loss_value} (every label masked, or the forward "
+                                     "overflowed), so no gradient verdict is possible")
         with (fp32_half_matmul() if device_type_of(model) == "cpu" else contextlib.nullcontext()) as promoted:
             loss.backward()
     except Exception as exc:  # noqa: BLE001 - e.g. "element 0 of tensors does not require grad"
