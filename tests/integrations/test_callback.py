@@ -1,0 +1,163 @@
+"""WorkbenchCallback on the real Trainer and trl's SFTTrainer: a healthy run trains unchanged and gets a report; a
+planted defect stops training before its first step under raise_on="fail"."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from tiny_runs import losses, sft_trainer_for, tiny_checkpoint, trainer_for
+
+from workbench.integrations import WorkbenchCallback, WorkbenchStop
+
+PREFLIGHT = {"tokenizer.vocab", "tokenizer.special_tokens", "config.tied_embeddings", "config.generation",
+             "data.labels", "data.eos", "data.truncation", "data.template", "dtype.fp32_islands", "grad.flow",
+             "train.fp16", "train.ddp_checkpointing", "train.fsdp_units", "train.loss_accumulation"}
+AUTOPSY = {"run.loss", "run.gradients", "run.schedule", "run.eval", "run.adapter_progress"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+def report_of(callback) -> dict:
+    return json.loads((callback.report_folder / "findings.json").read_text())
+
+
+def verdicts(report) -> dict[str, str]:
+    return {f["id"]: f["verdict"] for f in report["findings"]}
+
+
+def test_a_healthy_run_trains_unchanged_and_gets_a_dated_report(checkpoint, tmp_path):
+    callback = WorkbenchCallback(raise_on="fail")
+    with_callback = trainer_for(checkpoint, tmp_path / "with", [callback])
+    with_callback.train()
+    without = trainer_for(checkpoint, tmp_path / "without")
+    without.train()
+    assert losses(with_callback) == losses(without) and len(losses(without)) == 3  # exactly, step by step
+
+    folder = callback.report_folder
+    assert folder.parent.parent == (tmp_path / "with" / "workbench").resolve()  # output_dir/workbench/DAY/TIME-name
+    report = report_of(callback)
+    found = verdicts(report)
+    assert PREFLIGHT | AUTOPSY <= set(found), sorted(PREFLIGHT | AUTOPSY - set(found))
+    assert not {v for v in found.values()} & {"fail", "error"}, {k: v for k, v in found.items()
+                                                                if v in ("fail", "error")}
+    assert found["grad.flow"] == "pass" and found["data.labels"] == "pass" and found["run.loss"] == "pass"
+    assert found["train.loss_accumulation"] == "skip"  # opt-in: two short trainings of its own
+    labels = next(f for f in report["findings"] if f["id"] == "data.labels")
+    assert labels["evidence"]["built_by"] == "trainer"  # the Trainer's own dataloader and collator
+    assert report["target"]["checkpoint"] == str(checkpoint.resolve()) and report["schema_version"] == 1
+    assert {n["name"] for n in report["notebooks"]} == {"00_saved_files", "07_data_path", "01_dtype_distribution",
+                                                      "04_forward_checks", "09_training_step", "08_training_run"}
+    index = (folder / "index.html").read_text()
+    assert "run.loss" in index and "grad.flow" in index
+    assert (folder / "04_forward_checks.html").is_file() and (folder / "trainer_state.json").is_file()
+
+
+def test_every_label_masked_stops_training_before_its_first_step(checkpoint, tmp_path):
+    callback = WorkbenchCallback(raise_on="fail")
+    trainer = trainer_for(checkpoint, tmp_path / "out", [callback], masked=True)
+    with pytest.raises(WorkbenchStop) as stopped:
+        trainer.train()
+    assert trainer.state.global_step == 0 and losses(trainer) == []
+    message = str(stopped.value)
+    assert "data.labels FAIL" in message and str(callback.report_folder / "index.html") in message
+    assert any(f.id == "data.labels" and f.verdict == "fail" for f in stopped.value.findings)
+    found = verdicts(report_of(callback))
+    assert found["data.labels"] == "fail"
+    # a batch with nothing supervised has a NaN loss and says nothing about the model: the model checks use the
+    # workbench's own batch, and the gradients reach every trainable tensor
+    assert found["grad.flow"] == "pass"
+
+
+def test_a_trainable_tensor_cut_from_the_loss_stops_training(checkpoint, tmp_path):
+    callback = WorkbenchCallback(raise_on="fail")
+    trainer = trainer_for(checkpoint, tmp_path / "out", [callback])
+    trainer.model.model.norm.register_forward_pre_hook(lambda _module, args: (args[0].detach(),))
+    with pytest.raises(WorkbenchStop, match="grad.flow FAIL: 19 of 21 trainable tensors get no gradient"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    report = report_of(callback)
+    grad = next(f for f in report["findings"] if f["id"] == "grad.flow")
+    assert "first_batch.safetensors" in grad["evidence"]["inputs"]  # your collator's first batch
+    assert verdicts(report)["data.labels"] == "pass"  # the healthy twin of the masked run's data
+
+
+def test_by_default_a_defect_is_reported_and_training_goes_on(checkpoint, tmp_path):
+    callback = WorkbenchCallback()
+    trainer = trainer_for(checkpoint, tmp_path / "out", [callback], masked=True)
+    trainer.train()
+    assert trainer.state.global_step == 3
+    found = verdicts(report_of(callback))
+    assert found["data.labels"] == "fail" and "run.loss" in found  # the autopsy appended to the same report
+
+
+def test_trl_sft_trainer_healthy_and_unchanged(checkpoint, tmp_path):
+    callback = WorkbenchCallback(raise_on="fail")
+    with_callback = sft_trainer_for(checkpoint, tmp_path / "with", [callback])
+    with_callback.train()
+    without = sft_trainer_for(checkpoint, tmp_path / "without")
+    without.train()
+    assert losses(with_callback) == losses(without) and len(losses(without)) == 3
+    report = report_of(callback)
+    found = verdicts(report)
+    assert found["grad.flow"] == "pass" and found["data.labels"] in ("pass", "info"), found
+    labels = next(f for f in report["findings"] if f["id"] == "data.labels")
+    assert labels["evidence"]["built_by"] == "trainer" and "SFTTrainer" in labels["detail"]
+
+
+def test_a_model_built_in_memory_skips_the_saved_files(checkpoint, tmp_path):
+    from transformers import LlamaForCausalLM
+
+    callback = WorkbenchCallback(raise_on="fail")
+    trainer = trainer_for(checkpoint, tmp_path / "out", [callback], max_steps=1)
+    in_memory = LlamaForCausalLM(trainer.model.config)
+    in_memory.config._name_or_path = ""
+    trainer.model = trainer.model_wrapped = in_memory
+    trainer.create_optimizer()
+    trainer.train()
+    report = report_of(callback)
+    found = verdicts(report)
+    assert {found[c] for c in ("tokenizer.vocab", "adapter.weights", "config.generation")} == {"skip"}
+    assert found["grad.flow"] == "pass" and report["target"]["checkpoint"] == "LlamaForCausalLM (in memory)"
+
+
+def test_raise_on_takes_fail_warn_or_none():
+    with pytest.raises(ValueError, match="raise_on"):
+        WorkbenchCallback(raise_on="error")
+
+
+def test_importing_the_integrations_imports_neither_torch_nor_transformers():
+    code = ("import sys, workbench.integrations; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_fp32_norms_before_a_bf16_head_stop_training_with_the_cause_not_the_crash(checkpoint, tmp_path):
+    """The classic QLoRA crash: norms kept in fp32 (as peft's prepare_model_for_kbit_training keeps them) in a bf16
+    model, trained without autocast; the first step would raise "expected m1 and m2 to have the same dtype"."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    def fp32_norms(trainer):
+        trainer.model.to(torch.bfloat16)
+        for module in trainer.model.modules():
+            if isinstance(module, LlamaRMSNorm):
+                module.float()
+        return trainer
+
+    with pytest.raises(RuntimeError, match="same dtype"):  # without the callback: the step's own error
+        fp32_norms(trainer_for(checkpoint, tmp_path / "plain")).train()
+    callback = WorkbenchCallback(raise_on="fail")
+    trainer = fp32_norms(trainer_for(checkpoint, tmp_path / "out", [callback]))
+    with pytest.raises(WorkbenchStop, match="forward.dtype_flow FAIL") as stopped:
+        trainer.train()
+    assert trainer.state.global_step == 0
+    flow = next(f for f in stopped.value.findings if f.id == "forward.dtype_flow")
+    assert "`model.layers.0.input_layernorm` (weight float32) outputs float32" in flow.title and "q_proj" in flow.title
+    assert verdicts(report_of(callback))["dtype.fp32_islands"] == "warn"  # what made the forward matrix run

@@ -1,0 +1,100 @@
+"""The callback's report: one dated folder under `output_dir/workbench/`, written by the pre-flight and appended to
+by the autopsy, in the report contract (findings.json, schema version 1; index.html; one HTML page per notebook).
+
+    report = LiveReport.create(output_dir, name)   # output_dir/workbench/YYYY-MM-DD/HHMMSS-name/
+    report.add(runs)                               # NotebookRuns: findings.json and index.html rewritten
+    report.write_pages()                           # each notebook's page, with its figures
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from workbench.findings import Finding, sort_findings, write_json_atomic, write_text_atomic
+
+REPORT_FOLDER = "workbench"  # under the Trainer's output_dir
+
+
+@dataclasses.dataclass
+class LiveReport:
+    folder: Path
+    created: dt.datetime
+    target: dict[str, Any]
+    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:8])
+    notebooks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    pending: list = dataclasses.field(default_factory=list)  # runs whose page is not written yet
+
+    @classmethod
+    def create(cls, output_dir: str | Path, name: str, target: dict[str, Any]) -> LiveReport:
+        from workbench.report.runner import new_report_folder
+
+        now = dt.datetime.now().astimezone()
+        temp, final = new_report_folder(Path(output_dir) / REPORT_FOLDER, name, now)
+        os.replace(temp, final)  # appended to while training runs: no half-report rename at the end
+        return cls(final, now, target)
+
+    @property
+    def index(self) -> Path:
+        return self.folder / "index.html"
+
+    def add(self, runs) -> list[Finding]:
+        """Merge each run's findings (a notebook run again replaces its earlier ones) and rewrite findings.json and
+        index.html; each run's own page waits for `write_pages` (its figures take longer than the checks: the
+        pre-flight writes them once training has ended or stopped). Returns the findings added."""
+        added: list[Finding] = []
+        for run in runs:
+            self.notebooks = [n for n in self.notebooks if n["name"] != run.name] + [
+                {"name": run.name, "status": "ok", "html": f"{run.name}.html", "seconds": round(run.seconds, 2),
+                 "error": None, "kernel": "own"}]
+            self.findings = [f for f in self.findings if f.notebook != run.name] + run.findings
+            self.pending = [r for r in self.pending if r.name != run.name] + [run]
+            added += run.findings
+        self.write()
+        return added
+
+    def write_pages(self) -> None:
+        """Each added run's page: its findings, then each step's result with its figures."""
+        from workbench.report.runner import redact_report
+
+        pending, self.pending = self.pending, []
+        for run in pending:
+            write_text_atomic(self.folder / f"{run.name}.html", _page(run))
+        if pending:
+            redact_report(self.folder)
+
+    def contract(self) -> dict[str, Any]:
+        from workbench.report.environment import environment_facts
+        from workbench.report.runner import SCHEMA_VERSION
+
+        return {"schema_version": SCHEMA_VERSION,
+                "run_id": f"{self.created.strftime('%Y%m%dT%H%M%S')}-{self.run_id}",
+                "created": self.created.isoformat(timespec="seconds"), "target": self.target,
+                "environment": environment_facts(), "notebooks": self.notebooks,
+                "findings": [f.to_dict() for f in sort_findings(self.findings)]}
+
+    def write(self) -> None:
+        from workbench.report.index_page import render_index
+        from workbench.report.runner import redact_report
+
+        report = self.contract()
+        write_json_atomic(self.folder / "findings.json", report)
+        write_text_atomic(self.index, render_index(report))
+        redact_report(self.folder)
+
+
+def _page(run) -> str:
+    """A notebook's page: its findings, then each step's result, rendered by the display model."""
+    from workbench.display.nodes import Display, Heading
+    from workbench.report.index_page import page
+
+    body = [Heading(f"{run.name} · from the training callback", level=1), run.recorder.view()]
+    for label, result in run.results:
+        body.append(Heading(label, level=2))
+        body.append(result.view() if hasattr(result, "view") else None)
+    return page(run.name, Display(*body))
