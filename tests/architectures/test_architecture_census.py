@@ -53,6 +53,15 @@ def test_records_not_built_under_plain_carry_their_reason_to_every_setup():
     assert summary(records)["built"] == 0 and "| x | XForCausalLM | not built" in markdown(records, {})
 
 
+def test_a_composite_encoder_decoders_decoder_attends_to_the_encoder_as_its_checkpoints_do():
+    from transformers import EncoderDecoderConfig, LlamaConfig, VisionEncoderDecoderConfig
+
+    for config_class in (EncoderDecoderConfig, VisionEncoderDecoderConfig):
+        decoder = tiny_config(config_class).decoder
+        assert decoder.is_decoder and decoder.add_cross_attention, config_class.__name__
+    assert not getattr(tiny_config(LlamaConfig), "add_cross_attention", False)  # a config of its own: untouched
+
+
 def test_a_known_incompatibility_names_the_reason_of_a_record_written_before_it_was_known():
     from workbench.architectures.known_incompatibilities import known_incompatibility
 

@@ -275,7 +275,20 @@ def tiny_config(config_class, keep_layer_kinds: bool = True, **overrides: Any):
     ids = _token_ids(default)
     vocab = max([VOCAB, *[i + 1 for i in ids]])
     fields = shrunk_fields(default, vocab, keep_layer_kinds)
-    return config_class(**{**fields, **image_token_fill(default, fields, ids), **overrides})
+    config = config_class(**{**fields, **image_token_fill(default, fields, ids), **overrides})
+    return composite_decoder_attends(config)
+
+
+def composite_decoder_attends(config):
+    """A composite encoder-decoder (EncoderDecoderConfig and its vision / speech kin) with its decoder set as every
+    checkpoint of it has one: the class's own `from_encoder_decoder_configs` sets `is_decoder` and
+    `add_cross_attention` on the decoder config (the bare defaults leave a BERT decoder without cross-attention, so
+    the encoder's output never reaches the loss)."""
+    join = getattr(type(config), "from_encoder_decoder_configs", None)
+    encoder, decoder = getattr(config, "encoder", None), getattr(config, "decoder", None)
+    if callable(join) and _is_config(encoder) and _is_config(decoder):
+        join(encoder, decoder)  # sets the two flags on `decoder` in place; the returned copy is not needed
+    return config
 
 
 IMAGE_TOKENS = ("image_token_index", "image_token_id")

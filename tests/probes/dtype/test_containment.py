@@ -177,3 +177,10 @@ def test_a_parameter_the_class_builds_in_fp32_is_its_choice_when_the_forward_run
     assert island.name == "wg.weight" and "built in float32 by Router itself" in island.intentional
     assert "forward of the diagnosis batch runs" in island.intentional and report.findings()[0].verdict == "info"
     assert [i.name for i in fp32_islands(cast, inputs=_batch()).suspicious] == ["wg.weight"]
+
+
+def test_without_a_batch_a_parameter_the_class_builds_in_fp32_is_its_choice_said_untraced():
+    with default_dtype(BF16):
+        model = Router(types.SimpleNamespace())
+    (island,) = fp32_islands(model, inputs=None).islands
+    assert "built in float32 by Router itself" in island.intentional and "not traced" in island.intentional

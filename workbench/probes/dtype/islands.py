@@ -294,18 +294,20 @@ def _explain_class_built_parameters(offs: list[OffDtypeTensor], reasons: dict[st
     """Parameters left unexplained that the class itself builds in their dtype whatever the load dtype (its own
     load in the compute dtype, rebuilt on meta, holds them so: HunYuan-MoE's router `wg` is
     `nn.Linear(..., dtype=torch.float32)` and upcasts its input; Zamba's `A_log` is used as `A_log.float()`), when
-    the traced forward of the diagnosis batch ran in the compute dtype without raising: the class computes there in
-    that dtype on purpose. A class whose own fp32 parameters break the forward (XLNet, DeBERTa) stays suspicious,
+    the traced forward of the diagnosis batch ran in the compute dtype without raising (the class computes there in
+    that dtype on purpose), or when no batch ran at all (said so: not traced). A class whose own fp32 parameters break the forward (XLNet, DeBERTa) stays suspicious,
     and so does a parameter the class would build in the compute dtype (the user's cast)."""
     pending = [off for off in offs if reasons[off.name] is None and off.kind == "parameter"]
-    if not pending or not traced.ran or traced.raised:
+    if not pending or traced.raised:  # a forward that raised on them is the class's break, not its choice
         return
     class_dtypes = class_built_dtypes(inner, compute_dtype)
     compute = dtype_name(compute_dtype)
     for off in pending:
         inner_name = off.name[len(prefix) + 1:] if prefix and off.name.startswith(prefix + ".") else off.name
-        if class_dtypes.get(inner_name) == off.tensor.dtype:
-            reasons[off.name] = (f"built in {dtype_name(off.tensor.dtype)} by {type(inner).__name__} itself (its own "
-                                 f"{compute} load holds it so), and the {compute} forward of the diagnosis batch "
-                                 f"runs: {type(off.module).__name__} computes in {dtype_name(off.tensor.dtype)} there "
-                                 "on purpose")
+        if class_dtypes.get(inner_name) != off.tensor.dtype:
+            continue
+        built = f"built in {dtype_name(off.tensor.dtype)} by {type(inner).__name__} itself (its own {compute} load holds it so)"
+        reasons[off.name] = (
+            f"{built}, and the {compute} forward of the diagnosis batch runs: {type(off.module).__name__} computes in "
+            f"{dtype_name(off.tensor.dtype)} there on purpose" if traced.ran else
+            f"{built}; no forward of a diagnosis batch ran, so whether it stays out of the activations is not traced")
