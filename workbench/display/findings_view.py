@@ -5,7 +5,7 @@ They are built from `workbench.display.nodes`, which escapes everything interpol
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 from workbench.display.nodes import (
     Badge,
@@ -30,13 +30,15 @@ __all__ = ["findings_block", "findings_lines", "figure"]
 MAX_EVIDENCE = 6000  # characters of evidence shown inline; findings.json keeps all of it
 
 
-def findings_block(findings: Iterable[Finding], link_notebooks: bool = False) -> Table:
-    """Worst first: verdict, check, title with detail and fix (evidence folded), notebook."""
+def findings_block(findings: Iterable[Finding], link_notebooks: bool | Collection[str] = False) -> Table:
+    """Worst first: verdict, check, title with detail and fix (evidence folded), notebook. `link_notebooks`: link
+    each finding's notebook page (True: every one; a collection: the notebooks whose page exists)."""
     rows = []
     findings = sort_findings(findings)
     located = any(f.notebook for f in findings)  # a result's own table (no notebook yet): no empty column
     for f in findings:
-        where = Link(f"{f.notebook}.html", f.notebook) if link_notebooks and f.notebook else (f.notebook or "")
+        linked = link_notebooks is True or (not isinstance(link_notebooks, bool) and f.notebook in link_notebooks)
+        where = Link(f"{f.notebook}.html", f.notebook) if linked and f.notebook else (f.notebook or "")
         evidence = json.dumps(f.evidence, indent=1, default=str)
         if len(evidence) > MAX_EVIDENCE:
             evidence = evidence[:MAX_EVIDENCE] + "\n… (truncated; full evidence in findings.json)"

@@ -27,7 +27,8 @@ def _kv_table(data: dict[str, Any]) -> Table:
 def _notebooks_table(runs: list[dict[str, Any]]) -> Table:
     rows = [[Badge("error" if run["status"] == "error" else "pass"),
              Link(run["html"], run["name"]) if run.get("html") else run["name"], f"{run['seconds']:.1f} s",
-             Link(f"{run['name']}.ipynb", "notebook"), run.get("error") or ""] for run in runs]
+             Link(f"{run['name']}.ipynb", "notebook") if run.get("html") else "", run.get("error") or ""]
+            for run in runs]
     return Table(["status", "report", "time", "executed", "error"], rows, css_class="")
 
 
@@ -58,7 +59,8 @@ def index_view(report: dict[str, Any]) -> Display:
         Paragraph("Diagnosed: ", Code(run)) if run else None,
         Paragraph(Bold(headline.title) if headline else "No findings."),
         Paragraph(f"{summary} · created {report['created']} · run ", Code(report["run_id"])),
-        Heading("Findings, worst first", level=2), findings_block(findings, link_notebooks=True),
+        Heading("Findings, worst first", level=2), findings_block(
+            findings, link_notebooks={n["name"] for n in report["notebooks"] if n.get("html")}),
         Heading("Notebooks", level=2), _notebooks_table(report["notebooks"]),
         _cost(report),
         Heading("Target", level=2), _kv_table(report["target"]),
