@@ -40,6 +40,8 @@ class ServeMergeResult(ProbeResult):
     tokens: int = 0
     merged_layers: int = 0
     base_name: str = ""
+    base_class: str = "AutoModelForCausalLM"  # the base model's own class, for the fix
+    adapter_name: str = "ADAPTER"  # the adapter folder, for the fix
     context: str = "no autocast"  # the forward context both the unmerged and the merged forward ran in
 
     @property
@@ -64,9 +66,9 @@ class ServeMergeResult(ProbeResult):
         if self.quantized_4bit:
             causes.append("the base is 4-bit: PEFT re-quantizes dequantize(W) + s·B·A, so the merged weights carry "
                           "a new 4-bit rounding the unmerged adapter never had (transformers #31293, peft #2321)")
-            fixes.append(f"Merge into the base loaded in bf16 (dequantize, then merge): `base = AutoModelForCausalLM"
+            fixes.append(f"Merge into the base loaded in bf16 (dequantize, then merge): `base = {self.base_class}"
                          f".from_pretrained(\"{self.base_name}\", dtype=torch.bfloat16)`, `PeftModel.from_pretrained("
-                         "base, ADAPTER).merge_and_unload().save_pretrained(OUT)`; quantize the merged model "
+                         f"base, \"{self.adapter_name}\").merge_and_unload().save_pretrained(OUT)`; quantize the merged model "
                          "afterwards if it must be 4-bit.")
         if self.tied_head:
             causes.append(f"LoRA on {', '.join(self.tied_head)} of a base whose lm_head is its input embedding: "
@@ -150,7 +152,9 @@ def serve_merge_probe(prepared, target) -> ServeMergeResult:
     inputs, how = target_inputs(model, target, labels=False)
     four_bit = any(type(layer.get_base_layer()).__name__ == "Linear4bit" for layer in layers)
     result = ServeMergeResult(batch=how, quantized_4bit=four_bit, tied_head=_tied_lora(model, layers),
-                              base_name=str(getattr(target, "base", None) or getattr(target, "model_dir", "")))
+                              base_name=str(getattr(target, "model_dir", "")),
+                              base_class=type(model.get_base_model()).__name__,
+                              adapter_name=str(getattr(target, "adapter_dir", None) or "ADAPTER"))
     compute = compute_dtype_of(model)
     with restored(model), _lora_state_kept(layers), torch.no_grad():
         model.eval()

@@ -135,6 +135,7 @@ class Fp16Result(ProbeResult):
 
     def plot(self):
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
 
         fig = Figure(figsize=(7, 2.6))
         ax = fig.subplots()
@@ -143,6 +144,7 @@ class Fp16Result(ProbeResult):
         ax.axhline(WARN_BITS, color="#ef6c00", linestyle="--", linewidth=1, label=f"{WARN_BITS:g} bits")
         ax.axhline(0, color="#c62828", linewidth=1, label="overflow")
         ax.set_xlabel(f"decoder block ({self.reading.block_class if self.reading else '-'})")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("log2(65504 / max|x|)")
         ax.set_title("fp16 headroom of the residual stream per block", fontsize=10)
         ax.legend(fontsize=8)

@@ -152,7 +152,11 @@ def read_headroom(model: nn.Module, inputs: dict, block_names: set[str]) -> Head
     amp_rows = sorted((_row(name, peak, op=op) for name, (peak, op) in amp.items()),
                       key=lambda r: r["headroom_bits"])
     half_rows = sorted((_row(name, peak) for name, peak in outputs.items()), key=lambda r: r["headroom_bits"])
-    residual = [_row(name, outputs.get(name, 0.0), layer=i) for i, name in enumerate(blocks) if name in outputs]
+    # the residual stream of the decoder: the blocks of the last block class (a VLM's vision blocks come first and
+    # are another stream), numbered within that class
+    decoder_blocks = [name for name in blocks if type(model.get_submodule(name)).__name__ == block_class]
+    residual = [_row(name, outputs.get(name, 0.0), layer=i) for i, name in enumerate(decoder_blocks)
+                if name in outputs]
     return HeadroomReading(amp_rows, half_rows, residual, block_class)
 
 
