@@ -37,6 +37,28 @@ def compute_dtype_of(model: nn.Module) -> torch.dtype:
     return sizes.most_common(1)[0][0] if sizes else torch.float32
 
 
+def dtype_plan_matcher(model: nn.Module, dtype: torch.dtype) -> Callable[[str], torch.dtype | None]:
+    """The dtype the model's own dtype plan forces on a checkpoint tensor, or None where it says nothing.
+
+    transformers 5.23 asks `model._get_dtype_plan(dtype)` (modeling_utils.py): `_keep_in_fp32_modules` only when
+    loading in fp16 (transformers#20287), `_keep_in_fp32_modules_strict` in fp16 and bf16; and matches its globs
+    with an unanchored search of `build_glob_alternation` (core_model_loading.py,
+    `convert_and_load_state_dict_in_model`): T5's "wo" and Afmoe's "norm" stay in bf16 in a bf16 load.
+    """
+    plan_of = getattr(model, "_get_dtype_plan", None)
+    plan = plan_of(dtype) if callable(plan_of) else {}
+    if not plan:
+        return lambda name: None
+    from transformers.core_model_loading import build_glob_alternation
+
+    alternation, group_to_glob, _ = build_glob_alternation(list(plan))
+
+    def planned(name: str) -> torch.dtype | None:
+        match = alternation.search(name)
+        return plan[group_to_glob[match.lastgroup]] if match is not None else None
+    return planned
+
+
 def keep_in_fp32_matcher(model: nn.Module) -> Callable[[str], bool]:
     """A predicate for parameter names that from_pretrained keeps in fp32 (`_keep_in_fp32_modules[_strict]`)."""
     names = set(getattr(model, "_keep_in_fp32_modules", None) or ()) | set(

@@ -11,11 +11,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from typing import Callable
 
 import torch
 from torch import nn
 
+from workbench.model.dtypes import dtype_plan_matcher
 from workbench.model.loading import bnb_config, config_dtype, meta_model, model_class_for
 
 
@@ -29,28 +29,6 @@ class PredictedTensor:
     @property
     def nbytes(self) -> int:
         return self.elements * self.dtype.itemsize
-
-
-def dtype_plan_matcher(model: nn.Module, dtype: torch.dtype) -> Callable[[str], torch.dtype | None]:
-    """The dtype the model's own dtype plan forces on a checkpoint tensor, or None where it says nothing.
-
-    transformers 5.23 asks `model._get_dtype_plan(dtype)` (modeling_utils.py): `_keep_in_fp32_modules` only when
-    loading in fp16 (transformers#20287), `_keep_in_fp32_modules_strict` in fp16 and bf16; and matches its globs
-    with an unanchored search of `build_glob_alternation` (core_model_loading.py,
-    `convert_and_load_state_dict_in_model`): T5's "wo" and Afmoe's "norm" stay in bf16 in a bf16 load.
-    """
-    plan_of = getattr(model, "_get_dtype_plan", None)
-    plan = plan_of(dtype) if callable(plan_of) else {}
-    if not plan:
-        return lambda name: None
-    from transformers.core_model_loading import build_glob_alternation
-
-    alternation, group_to_glob, _ = build_glob_alternation(list(plan))
-
-    def planned(name: str) -> torch.dtype | None:
-        match = alternation.search(name)
-        return plan[group_to_glob[match.lastgroup]] if match is not None else None
-    return planned
 
 
 def load_dtype(skeleton_dtype: torch.dtype, planned: torch.dtype | None) -> torch.dtype:

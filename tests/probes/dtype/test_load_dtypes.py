@@ -5,8 +5,9 @@ builds a tensor in (XLNet's `torch.FloatTensor` parameters stay fp32 in a bf16 l
 import pytest
 import torch
 
+from workbench.model.dtypes import dtype_plan_matcher
 from workbench.model.loading import auto_config, load_pretrained
-from workbench.model.quantized_prediction import dtype_plan_matcher, predicted_tensors
+from workbench.model.quantized_prediction import predicted_tensors
 from workbench.probes.dtype.census import census_differences, dtype_census, predicted_quantized_census
 
 

@@ -23,9 +23,14 @@ from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.batch import target_inputs
 from workbench.model.components import ComponentClassifier, unwrap_model
-from workbench.model.dtypes import compute_dtype_of, dtype_name, keep_in_fp32_matcher, off_compute_dtype
+from workbench.model.dtypes import (
+    compute_dtype_of,
+    dtype_name,
+    dtype_plan_matcher,
+    keep_in_fp32_matcher,
+    off_compute_dtype,
+)
 from workbench.model.forward import run_forward
-from workbench.model.quantized_prediction import dtype_plan_matcher
 from workbench.probes.dtype.tracer import DtypeTracer
 from workbench.probes.forward.library_dtype_break import library_break_fix, library_dtype_break
 
