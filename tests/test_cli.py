@@ -75,9 +75,19 @@ def test_a_folder_that_is_no_checkpoint_stops_the_early_kernel_it_started(tmp_pa
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "config.json" in result.stderr
     assert not list(temp.glob("workbench-kernel-*.log"))  # Kernel.close() ran
-    kernels = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.info["pid"] not in before
-               and "ipykernel_launcher" in " ".join(p.info["cmdline"] or [])]
-    assert not kernels, kernels
+    assert not [p for p in psutil.process_iter(["pid", "cmdline"]) if p.info["pid"] not in before
+                and "ipykernel_launcher" in " ".join(p.info["cmdline"] or []) and _started_with(p, temp)]
+
+
+def _started_with(process, temp) -> bool:
+    """Whether a process inherited this test's TMPDIR: the kernels other tests start at the same moment (the suite
+    runs in parallel) carry their own, so only the one this diagnose started can match."""
+    import psutil
+
+    try:
+        return process.environ().get("TMPDIR") == str(temp)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def test_training_args_with_unknown_fields_exits_2_naming_them(demo, tmp_path):
