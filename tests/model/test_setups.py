@@ -223,3 +223,17 @@ def test_a_model_whose_tied_embeddings_peft_cannot_read_is_not_applicable(tmp_pa
     assert "get_input_embeddings" in str(info.value)
     gpt2 = _tiny("GPT2LMHeadModel", "GPT2Config", vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=32)
     assert sorted(lora_config_for(gpt2).target_modules) == ["c_attn", "c_fc", "c_proj"]
+
+
+
+def test_a_trainer_is_recognised_without_importing_the_trainer_module_for_anything_else(tmp_path, monkeypatch):
+    import sys
+
+    from transformers import Trainer, TrainingArguments
+
+    from workbench.model.setups import is_trainer
+
+    trainer = Trainer(model=torch.nn.Linear(2, 2), args=TrainingArguments(str(tmp_path), report_to=[]))
+    assert is_trainer(trainer) and not is_trainer(torch.nn.Linear(2, 2))
+    monkeypatch.delitem(sys.modules, "transformers.trainer")  # a process that never imported it
+    assert not is_trainer(torch.nn.Linear(2, 2)) and "transformers.trainer" not in sys.modules

@@ -164,6 +164,9 @@ def test_a_cell_that_hangs_is_stopped_and_the_next_notebook_runs(demo, tmp_path,
     report = json.loads((folder / "findings.json").read_text())
     assert [n["status"] for n in report["notebooks"]] == ["error", "ok"]
     assert report["notebooks"][0]["seconds"] < 40 and "Timeout" in report["notebooks"][0]["error"]
+    # the stopped notebook is written as far as it ran: its HTML shows the cell it stopped in
+    assert report["notebooks"][0]["html"] == "01_hang.html"
+    assert nbformat.read(folder / "01_hang.ipynb", as_version=4).cells[-1].source == "import time\ntime.sleep(60)"
 
 
 # ---------- resource limits ----------

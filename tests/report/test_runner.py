@@ -115,6 +115,8 @@ def test_a_notebook_that_kills_its_kernel_leaves_the_next_a_fresh_one(demo, tmp_
     assert [(n["status"], n["kernel"]) for n in report["notebooks"]] == [("error", "shared"), ("ok", "fresh")]
     assert report["cost"]["kernels_started"] == 2
     assert [f.verdict for f in findings if f.id == "dead.check"] == ["error"]
+    # written as far as it ran, before the kernel died
+    assert nbformat.read(folder / "01_dies.ipynb", as_version=4).cells[-1].source == "import os\nos._exit(3)"
 
 
 @pytest.mark.slow

@@ -338,8 +338,9 @@ def prepare_model(target) -> PreparedModel:
 
 
 def is_trainer(obj: Any) -> bool:
-    """A transformers.Trainer (trl's trainers derive from it) or anything shaped like one."""
-    from transformers import Trainer
-
-    return isinstance(obj, Trainer) or (hasattr(obj, "get_train_dataloader") and hasattr(obj, "data_collator")
-                                        and isinstance(getattr(obj, "model", None), torch.nn.Module))
+    """A transformers.Trainer (trl's trainers derive from it) or anything shaped like one. transformers.trainer is
+    not imported for the question (2 s): no Trainer exists unless its module was imported."""
+    trainer_class = getattr(sys.modules.get("transformers.trainer"), "Trainer", None)
+    return ((trainer_class is not None and isinstance(obj, trainer_class))
+            or (hasattr(obj, "get_train_dataloader") and hasattr(obj, "data_collator")
+                and isinstance(getattr(obj, "model", None), torch.nn.Module)))

@@ -129,6 +129,7 @@ def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kerne
     import papermill as pm
 
     from workbench.notebook import parameters_cell_mismatch
+    from workbench.report.papermill_engine import ENGINE_NAME
 
     executed = folder / f"{notebook.stem}.ipynb"
     start = time.monotonic()
@@ -139,8 +140,9 @@ def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kerne
         # no cwd=: papermill would os.chdir the whole process, which breaks notebooks run side by side; kernels
         # keep the user's working folder and every path handed to them is absolute
         own = not isinstance(kernel, Kernel)
-        pm.execute_notebook(str(notebook), str(executed), parameters=parameters,
+        pm.execute_notebook(str(notebook), str(executed), parameters=parameters, engine_name=ENGINE_NAME,
                             kernel_name=kernel if own else kernel.name, km=None if own else kernel.manager(),
+                            kc=None if own else kernel.client(),
                             progress_bar=False, log_output=False, report_mode=False,
                             extra_arguments=["--IPKernelApp.log_level=ERROR"], execution_timeout=cell_timeout)
     except Exception as exc:  # noqa: BLE001 - PapermillExecutionError and kernel deaths alike: failure as artifact

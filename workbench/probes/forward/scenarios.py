@@ -22,6 +22,7 @@ from workbench.findings import Finding
 from workbench.model.batch import target_inputs
 from workbench.model.bnb_cpu_layout import held_layout_note, keep_training_layout
 from workbench.model.dtypes import compute_dtype_of
+from workbench.model.finiteness import all_finite
 from workbench.model.forward import logits_of, run_forward
 from workbench.model.memory import free_memory
 from workbench.probes.dtype.tracer import DtypeTracer
@@ -82,7 +83,7 @@ def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> li
                             continue
                         logits = logits_of(out)
                         cells.append(Cell(variant, mode, context, True, None, str(logits.dtype).removeprefix("torch."),
-                                          tuple(logits.shape), not bool(torch.isfinite(logits.float()).all())))
+                                          tuple(logits.shape), not all_finite(logits)))
     finally:
         model.train(was_training)
     return cells

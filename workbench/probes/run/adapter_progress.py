@@ -64,8 +64,9 @@ def adapter_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def read_checkpoint_adapter(step: int, folder: Path, component_of: Callable[[str], str]) -> CheckpointAdapter:
-    import torch
     from safetensors import safe_open
+
+    from workbench.model.finiteness import all_finite
 
     config = read_json(folder / "adapter_config.json") or {}
     pairs: dict[str, dict[str, Any]] = {}
@@ -73,7 +74,7 @@ def read_checkpoint_adapter(step: int, folder: Path, component_of: Callable[[str
     with safe_open(str(folder / ADAPTER_FILE), framework="pt") as fh:
         for name in fh.keys():
             value = fh.get_tensor(name)
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            if value.is_floating_point() and not all_finite(value):
                 nonfinite.append(name)
             parsed = adapter_module(name)
             if parsed and parsed[1] in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):

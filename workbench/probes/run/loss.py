@@ -161,14 +161,15 @@ def non_finite_tensors(folder, max_bytes: int = 256 * 2**20) -> list[str] | None
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files or sum(f.stat().st_size for f in files) > max_bytes:
         return None
-    import torch
     from safetensors import safe_open
+
+    from workbench.model.finiteness import all_finite
 
     bad = []
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
                 tensor = handle.get_tensor(name)
-                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                if tensor.is_floating_point() and not all_finite(tensor):
                     bad.append(name)
     return bad
