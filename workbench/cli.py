@@ -188,7 +188,7 @@ def cmd_checks(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from workbench.report.runner import diagnose, exit_code, start_kernel
+    from workbench.report.runner import check_reports_dir, diagnose, exit_code, start_kernel
 
     if not args.checkpoint and (args.adapter or args.base or args.run_checkpoint is not None):
         raise UsageError("--adapter/--base/--checkpoint need a CKPT; without one the bundled demo is diagnosed")
@@ -198,6 +198,7 @@ def cmd_diagnose(args) -> int:
         raise UsageError(f"--jobs {args.jobs}: use 1 or more (0 chooses by cores and memory)")
     if args.distributed == 1 or not 0 <= args.distributed <= 64:
         raise UsageError(f"--distributed {args.distributed}: use a number of ranks from 2 to 64 (0: not run)")
+    check_reports_dir(Path(args.reports_dir))
     jobs = 1 if args.distributed else (args.jobs or None)
     # the one kernel imports the stack while this process builds the demo or validates the target (~2 s of
     # transformers); a CKPT that is no folder (a hub id, a typo) gets its error without one

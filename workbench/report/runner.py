@@ -86,6 +86,21 @@ def ensure_kernel() -> str:
     return spec.argv[0] if spec.argv else KERNEL_NAME
 
 
+def check_reports_dir(reports_dir: Path) -> None:
+    """Refuse a --reports-dir that cannot be created before anything is started or imported for the diagnosis, and
+    without creating it (a target refused next leaves nothing behind): its nearest existing folder must be a
+    writable folder. `new_report_folder` still reports what mkdir itself meets."""
+    existing = Path(reports_dir).expanduser().absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"cannot create reports folder {reports_dir} ({existing} is a file, not a folder); pass a "
+                         "writable --reports-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot create reports folder {reports_dir} ({existing} is not writable); pass a writable "
+                         "--reports-dir")
+
+
 def new_report_folder(reports_dir: Path, name: str, now: dt.datetime) -> tuple[Path, Path]:
     """(temporary folder to write in, final folder to rename it to)."""
     day = reports_dir / now.strftime("%Y-%m-%d")
