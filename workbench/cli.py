@@ -270,12 +270,14 @@ def _notebooks_without_weights(target, only: list[str] | None) -> list[str] | No
         return only
     files, size = left
     wanted = [n for n in (only or HEADERS_ONLY_NOTEBOOKS) if n.startswith(HEADERS_ONLY_NOTEBOOKS)]
-    print(f"{target.base or target.checkpoint}: weights left on the hub ({files} file(s), {size / 1e9:.2f} GB); "
+    from workbench.display.text import size_text
+
+    print(f"{target.base or target.checkpoint}: weights left on the hub ({files} file(s), {size_text(size)}); "
           f"running notebook {', '.join(HEADERS_ONLY_NOTEBOOKS)} (files and headers) only. The notebooks that load "
           "the model need them: pass --download")
     if not wanted:
         raise UsageError(f"--notebooks {' '.join(only or [])}: these load the model, whose weights are on the hub "
-                         f"({size / 1e9:.2f} GB); pass --download")
+                         f"({size_text(size)}); pass --download")
     return wanted
 
 

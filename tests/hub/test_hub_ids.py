@@ -105,3 +105,29 @@ def test_a_hub_adapter_on_a_hub_base_gets_notebook_00_with_no_base_weight(demo, 
     assert adapter_weights == (adapter / "adapter_model.safetensors").stat().st_size  # the adapter, whole
     assert base_weights <= FIRST_RANGE_BYTES + 1  # the base: its header's range only
     assert "model.safetensors" not in cached_files(hub_home)
+
+    # --download: the base's weights come down, and a notebook that loads the model runs on them
+    with HubServer({"org/base": demo.qwen_base, "org/adapter": adapter}) as hub:
+        result = run_workbench("diagnose", "org/adapter", "--download", "--notebooks", "01_dtype_distribution",
+                               "--reports-dir", tmp_path / "downloaded", hub=hub, home=hub_home)
+        base_weights = hub.bytes_sent("org/base", "model.safetensors")
+    assert result.returncode == 0 and "weights left on the hub" not in result.stdout, result.stdout + result.stderr
+    report = json.loads(next((tmp_path / "downloaded").rglob("findings.json")).read_text())
+    assert [n["name"] for n in report["notebooks"]] == ["01_dtype_distribution"]
+    assert report["cost"]["model_loads"] >= 1
+    assert "error" not in {f["verdict"] for f in report["findings"]}, report["findings"]
+    assert base_weights == (demo.qwen_base / "model.safetensors").stat().st_size
+    assert "model.safetensors" in cached_files(hub_home)
+
+
+@pytest.mark.slow
+def test_a_hub_model_asked_for_a_notebook_that_loads_it_is_told_to_download(demo, tmp_path, hub_home):
+    with HubServer({"org/llama": demo.llama}) as hub:
+        result = run_workbench("diagnose", "org/llama", "--notebooks", "04_forward_checks", "--reports-dir",
+                               tmp_path / "reports", hub=hub, home=hub_home)
+    shards = sorted(demo.llama.glob("*.safetensors"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"weights left on the hub ({len(shards)} file(s), " in result.stdout
+    assert "04_forward_checks" in result.stderr and "pass --download" in result.stderr
+    assert not {p.name for p in shards} & cached_files(hub_home)  # headers read, no shard downloaded
+    assert not (tmp_path / "reports").exists()

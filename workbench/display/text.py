@@ -35,3 +35,11 @@ def text_table(columns: list[str], rows: list[dict]) -> str:
 
     return format_table([list(columns)] + [[cell(r.get(c, "")) for c in columns] for r in rows])
 
+
+
+def size_text(size: float) -> str:
+    """A byte count in the unit that reads best: 3.2 MB, 15.23 GB (decimal units, as the Hub shows sizes)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{int(size)} B"
