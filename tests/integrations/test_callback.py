@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from tiny_runs import losses, sft_trainer_for, tiny_checkpoint, trainer_for
+from transformers import TrainerCallback
 
 from workbench.integrations import WorkbenchCallback, WorkbenchStop
 
@@ -94,6 +95,29 @@ def test_by_default_a_defect_is_reported_and_training_goes_on(checkpoint, tmp_pa
     assert trainer.state.global_step == 3
     found = verdicts(report_of(callback))
     assert found["data.labels"] == "fail" and "run.loss" in found  # the autopsy appended to the same report
+
+
+class DiesAfterSave(TrainerCallback):
+    """Raises in on_save at `step`, after the callbacks before it: a run killed once that checkpoint was written."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise RuntimeError("killed after a save")
+
+
+def test_a_run_that_dies_after_a_save_has_its_autopsy_up_to_that_save(checkpoint, tmp_path):
+    callback = WorkbenchCallback()
+    trainer = trainer_for(checkpoint, tmp_path / "out", [callback, DiesAfterSave(2)], save_strategy="steps",
+                          save_steps=1)
+    with pytest.raises(RuntimeError, match="killed after a save"):
+        trainer.train()
+    found = verdicts(report_of(callback))
+    assert AUTOPSY <= set(found) and found["run.loss"] != "error", found
+    saved = json.loads((callback.report_folder / "trainer_state.json").read_text())
+    assert saved["global_step"] == 2 and len([e for e in saved["log_history"] if "loss" in e]) == 2
 
 
 def test_trl_sft_trainer_healthy_and_unchanged(checkpoint, tmp_path):

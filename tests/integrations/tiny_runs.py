@@ -64,7 +64,7 @@ def trainer_for(checkpoint: Path, output_dir: Path, callbacks=(), *, masked: boo
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
     args = TrainingArguments(output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=max_steps,
                              logging_steps=1, learning_rate=1e-3, report_to=[], disable_tqdm=True, seed=0,
-                             use_cpu=True, save_strategy="no", **arguments)
+                             use_cpu=True, **{"save_strategy": "no", **arguments})
     return Trainer(model=model, args=args, train_dataset=chat_dataset(tokenizer), processing_class=tokenizer,
                    data_collator=MaskEverything(collator) if masked else collator, callbacks=list(callbacks))
 

@@ -9,7 +9,8 @@ report under `output_dir/workbench/` (findings.json and index.html at once; each
 when training ends or stops, or at exit after a crash); with `raise_on="fail"` (or `"warn"`) a finding at or above that verdict stops
 training before its first step with `WorkbenchStop`, which names the findings and the report. `error` findings (a
 probe that could not run) are reported and never stop training: they say nothing about your run. `on_train_end`
-appends the autopsy (`workbench.integrations.autopsy`) to the same report.
+appends the autopsy (`workbench.integrations.autopsy`) to the same report, and `on_save` brings it up to date at
+every checkpoint the run saves (findings.json and index.html: a run killed later still has it up to its last save).
 
 Under torchrun only the world's process zero runs the probes and writes; every other rank waits at a barrier and
 learns from process zero whether training stops, so no rank is left alone in a collective.
@@ -79,18 +80,30 @@ class WorkbenchCallback(TrainerCallback):
             raise WorkbenchStop(*stop)
         return control
 
+    def on_save(self, args, state, control, model=None, **kwargs: Any):
+        # the checkpoint is written when on_save is called: the autopsy reads it with the log so far. No figures
+        # (write_pages) and no barrier: process zero's other ranks wait for it at the next collective only
+        self._autopsy(args, state, model, when=f"at step {state.global_step}'s save")
+        return control
+
     def on_train_end(self, args, state, control, model=None, **kwargs: Any):
-        if self.autopsy and state.is_world_process_zero and self.report is not None:
-            try:
-                self.report.add([run_autopsy(args, state, model, self.report.folder)])
-                logger.warning("workbench: run autopsy added to %s", self.report.index)
-            except Exception:  # noqa: BLE001 - a report that cannot be completed must not fail a finished run
-                logger.exception("workbench: the run autopsy could not run")
+        self._autopsy(args, state, model, when="at the end of training")
         if state.is_world_process_zero and self.report is not None:
             self.report.write_pages()
             atexit.unregister(self._write_pages)
         _barrier()
         return control
+
+    def _autopsy(self, args, state, model, when: str) -> None:
+        """The run autopsy on process zero, replacing the report's earlier one (a failure is logged: a report that
+        cannot be completed must not fail the run)."""
+        if not (self.autopsy and state.is_world_process_zero and self.report is not None):
+            return
+        try:
+            self.report.add([run_autopsy(args, state, model, self.report.folder)])
+            logger.warning("workbench: run autopsy %s added to %s", when, self.report.index)
+        except Exception:  # noqa: BLE001
+            logger.exception("workbench: the run autopsy %s could not run", when)
 
     def _preflight(self, trainer, model, processing_class, args) -> tuple | None:
         start = time.perf_counter()
