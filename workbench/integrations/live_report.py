@@ -2,7 +2,8 @@
 by the autopsy, in the report contract (findings.json, schema version 1; index.html; one HTML page per notebook).
 
     report = LiveReport.create(output_dir, name)   # output_dir/workbench/YYYY-MM-DD/HHMMSS-name/
-    report.add(runs)                               # NotebookRuns: findings.json and index.html rewritten
+    report.add(runs)                               # NotebookRuns: findings.json and index.html rewritten, and
+                                                   # output_dir/workbench/index.html, the list of reports
     report.write_pages()                           # each notebook's page, with its figures
 """
 
@@ -79,13 +80,16 @@ class LiveReport:
                 "findings": [f.to_dict() for f in sort_findings(self.findings)]}
 
     def write(self) -> None:
-        from workbench.report.index_page import render_index
+        """findings.json and index.html, then `output_dir/workbench/index.html`: every callback report of this
+        output_dir, newest first, as `reports/index.html` lists diagnoses."""
+        from workbench.report.index_page import render_index, write_reports_index
         from workbench.report.runner import redact_report
 
         report = self.contract()
         write_json_atomic(self.folder / "findings.json", report)
         write_text_atomic(self.index, render_index(report))
         redact_report(self.folder)
+        write_reports_index(self.folder.parent.parent)
 
 
 def _page(run) -> str:
