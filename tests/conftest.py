@@ -168,3 +168,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, every test module) lives as long as the worker: frozen out of
+    the cyclic collector's reach, so the gc.collect() that frees each test's model scans only what tests made."""
+    import gc
+
+    gc.collect()
+    gc.freeze()

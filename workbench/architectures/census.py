@@ -78,6 +78,12 @@ def census_worker(setup: str, out: Path, parent: Path, only: list[str], skip: se
 
     warnings.filterwarnings("ignore")
     os.environ["WORKBENCH_BATCH"] = "1"
+    import gc
+
+    import transformers.modeling_utils  # noqa: F401 - what every record imports, frozen next
+
+    # the imports' objects live as long as the worker: each gc.collect() that frees a record's model skips them
+    gc.freeze()
 
     def timed_out(*_):
         raise ArchitectureTimeout(f"timed out: took longer than {TIMEOUT_S} s")
