@@ -65,6 +65,8 @@ def run_rank(spec: dict[str, Any], log: RankLog) -> None:
             versions[package] = importlib.metadata.version(package)
     log.update(backend=backend, device=str(device), versions=versions)
     target = resolve_target(**spec["target"])
+    # what the imports made lives as long as the rank: each gc.collect() between trials then skips it
+    gc.freeze()
     rank = dist.get_rank()
     if "ddp" in spec.get("checks", ("ddp", "fsdp")):
         log.stage("set-up for DDP")
