@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from tiny_runs import losses, sft_trainer_for, tiny_checkpoint, trainer_for
+from tiny_runs import losses, sft_trainer_for, tiny_checkpoint, trainer_for, vlm_trainer_for
 from transformers import TrainerCallback
 
 from workbench.integrations import WorkbenchCallback, WorkbenchStop
@@ -134,6 +134,26 @@ def test_trl_sft_trainer_healthy_and_unchanged(checkpoint, tmp_path):
     assert found["grad.flow"] == "pass" and found["data.labels"] in ("pass", "info"), found
     labels = next(f for f in report["findings"] if f["id"] == "data.labels")
     assert labels["evidence"]["built_by"] == "trainer" and "SFTTrainer" in labels["detail"]
+
+
+def test_a_vlm_lora_on_images_trains_unchanged_and_its_checks_read_the_collators_batch(demo, tmp_path):
+    from workbench.tasks.grounding import write_dataset
+
+    data = write_dataset(tmp_path / "grounding", 16)
+    callback = WorkbenchCallback(raise_on="fail")
+    with_callback = vlm_trainer_for(demo.qwen_base, data, tmp_path / "with", [callback])
+    with_callback.train()
+    without = vlm_trainer_for(demo.qwen_base, data, tmp_path / "without")
+    without.train()
+    assert losses(with_callback) == losses(without) and len(losses(without)) == 3  # exactly, step by step
+    report = report_of(callback)
+    found = verdicts(report)
+    assert not {v for v in found.values()} & {"fail", "error"}, found
+    assert found["grad.flow"] == "pass" and found["data.labels"] == "pass" and found["run.loss"] == "pass"
+    grad = next(f for f in report["findings"] if f["id"] == "grad.flow")
+    assert "first_batch.safetensors" in grad["evidence"]["inputs"]  # the collator's batch, images and all
+    labels = next(f for f in report["findings"] if f["id"] == "data.labels")
+    assert labels["evidence"]["built_by"] == "trainer"
 
 
 def test_a_model_built_in_memory_skips_the_saved_files(checkpoint, tmp_path):

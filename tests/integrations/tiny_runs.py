@@ -87,3 +87,27 @@ def sft_trainer_for(checkpoint: Path, output_dir: Path, callbacks=(), *, max_ste
 
 def losses(trainer) -> list[float]:
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def vlm_trainer_for(base: Path, data: Path, output_dir: Path, callbacks=(), *, max_steps: int = 3):
+    """The real Trainer on a LoRA of a Qwen2-VL checkpoint, fed grounding rows (an image, a question, a box as the
+    answer) through a collator that pads the prompt + answer rows and concatenates the images' patches."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2VLForConditionalGeneration, Trainer, TrainingArguments
+
+    from workbench.model.inputs import load_vlm_parts
+    from workbench.model.vlm_batches import collate_teacher_forced, teacher_forced_inputs
+    from workbench.tasks.grounding import read_dataset
+
+    tokenizer, image_processor = load_vlm_parts(base)
+    items = [teacher_forced_inputs(tokenizer, image_processor, r.image, r.question, r.answer)
+             for r in read_dataset(data)]
+    torch.manual_seed(0)
+    model = get_peft_model(Qwen2VLForConditionalGeneration.from_pretrained(str(base), dtype=torch.float32),
+                           LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    args = TrainingArguments(output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=max_steps,
+                             logging_steps=1, learning_rate=1e-3, report_to=[], disable_tqdm=True, seed=0,
+                             use_cpu=True, save_strategy="no", remove_unused_columns=False)
+    return Trainer(model=model, args=args, train_dataset=items, processing_class=tokenizer,
+                   data_collator=lambda rows: collate_teacher_forced(rows, tokenizer.pad_token_id),
+                   callbacks=list(callbacks))

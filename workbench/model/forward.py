@@ -25,6 +25,15 @@ def logits_of(out: Any) -> torch.Tensor:
     return getattr(out, "logits", None) if getattr(out, "logits", None) is not None else out[0]
 
 
+def autocast(device_type: str, dtype: torch.dtype):
+    """torch.autocast in `dtype`, or no context for a dtype autocast does not cast to (float32): torch would disable
+    itself for it anyway, after a UserWarning ("CPU Autocast only supports dtypes of torch.bfloat16, torch.float16")
+    that lands in a training script's console when the callback checks an fp32 model."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype)
+
+
 def run_forward(model: nn.Module, inputs: dict, context: str, compute_dtype: torch.dtype, grad: bool = False):
     """Run one forward in a context; returns (output, exception)."""
     device_type = device_type_of(model)
@@ -40,7 +49,7 @@ def run_forward(model: nn.Module, inputs: dict, context: str, compute_dtype: tor
     if context == "no autocast":
         forward()
     else:
-        with torch.autocast(device_type, dtype=compute_dtype):
+        with autocast(device_type, compute_dtype):
             if context == "autocast":
                 forward()
             else:

@@ -14,7 +14,6 @@ import re
 from collections import Counter
 from typing import Any
 
-import torch
 from torch import nn
 
 from workbench.display.nodes import Details, Display, Table
@@ -32,6 +31,7 @@ from workbench.model.checkpointing import checkpointing_state
 from workbench.model.components import ComponentClassifier
 from workbench.model.cpu_half_matmul import describe, fp32_half_matmul
 from workbench.model.dtypes import compute_dtype_of
+from workbench.model.forward import autocast as autocast_in
 from workbench.model.forward import device_type_of
 from workbench.model.heads import loss_of
 from workbench.probes.forward.gradient_causes import BENIGN, cause_of_cut, library_source, tower_of
@@ -256,7 +256,7 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
     reach = None
 
     def autocast():
-        return torch.autocast(device_type_of(model), dtype=compute_dtype_of(model))
+        return autocast_in(device_type_of(model), compute_dtype_of(model))
 
     try:
         with autocast(), tracer:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.model.forward import autocast
 from workbench.model.loading import first_device
 
 
@@ -51,7 +52,7 @@ def replica_forward_check(model: nn.Module, inputs: dict, compute_dtype: torch.d
     model.train()
     outcomes: list[ForwardOutcome] = []
     try:
-        with torch.autocast(device_type, dtype=compute_dtype):
+        with autocast(device_type, compute_dtype):
             outcomes.append(_forward(model, inputs, "main thread, autocast", device_type))
             holder: list[ForwardOutcome] = []
             worker = threading.Thread(
