@@ -62,7 +62,12 @@ def _amax(value: Any) -> float:
     if torch.is_tensor(value):
         if not value.is_floating_point() or value.numel() == 0 or value.device.type == "meta":
             return 0.0
-        peak = value.detach().abs().max().item()
+        try:  # one min/max reduction, no |x| copy (a copy of every weight the products read, fp32 here)
+            low, high = torch.aminmax(value.detach())
+            peak = max(-low.item(), high.item()) if not (math.isnan(low.item()) or math.isnan(high.item())) \
+                else math.nan
+        except (RuntimeError, NotImplementedError):  # a dtype aminmax does not cover on this device
+            peak = value.detach().abs().max().item()
         return math.inf if math.isnan(peak) else float(peak)
     if isinstance(value, dict):
         value = list(value.values())
