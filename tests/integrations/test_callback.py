@@ -32,13 +32,20 @@ def verdicts(report) -> dict[str, str]:
     return {f["id"]: f["verdict"] for f in report["findings"]}
 
 
-def test_a_healthy_run_trains_unchanged_and_gets_a_dated_report(checkpoint, tmp_path):
+def trains_unchanged(make_trainer, output_dir) -> WorkbenchCallback:
+    """Train once with a WorkbenchCallback(raise_on="fail") and once without; the losses must be equal, exactly, step
+    by step, over the 3 steps. `make_trainer(output_dir, callbacks)` builds the run. Returns the callback."""
     callback = WorkbenchCallback(raise_on="fail")
-    with_callback = trainer_for(checkpoint, tmp_path / "with", [callback])
+    with_callback = make_trainer(output_dir / "with", [callback])
     with_callback.train()
-    without = trainer_for(checkpoint, tmp_path / "without")
+    without = make_trainer(output_dir / "without", [])
     without.train()
-    assert losses(with_callback) == losses(without) and len(losses(without)) == 3  # exactly, step by step
+    assert losses(with_callback) == losses(without) and len(losses(without)) == 3
+    return callback
+
+
+def test_a_healthy_run_trains_unchanged_and_gets_a_dated_report(checkpoint, tmp_path):
+    callback = trains_unchanged(lambda out, callbacks: trainer_for(checkpoint, out, callbacks), tmp_path)
 
     folder = callback.report_folder
     assert folder.parent.parent == (tmp_path / "with" / "workbench").resolve()  # output_dir/workbench/DAY/TIME-name
@@ -123,12 +130,7 @@ def test_a_run_that_dies_after_a_save_has_its_autopsy_up_to_that_save(checkpoint
 
 
 def test_trl_sft_trainer_healthy_and_unchanged(checkpoint, tmp_path):
-    callback = WorkbenchCallback(raise_on="fail")
-    with_callback = sft_trainer_for(checkpoint, tmp_path / "with", [callback])
-    with_callback.train()
-    without = sft_trainer_for(checkpoint, tmp_path / "without")
-    without.train()
-    assert losses(with_callback) == losses(without) and len(losses(without)) == 3
+    callback = trains_unchanged(lambda out, callbacks: sft_trainer_for(checkpoint, out, callbacks), tmp_path)
     report = report_of(callback)
     found = verdicts(report)
     assert found["grad.flow"] == "pass" and found["data.labels"] in ("pass", "info"), found
@@ -140,12 +142,7 @@ def test_a_vlm_lora_on_images_trains_unchanged_and_its_checks_read_the_collators
     from workbench.tasks.grounding import write_dataset
 
     data = write_dataset(tmp_path / "grounding", 16)
-    callback = WorkbenchCallback(raise_on="fail")
-    with_callback = vlm_trainer_for(demo.qwen_base, data, tmp_path / "with", [callback])
-    with_callback.train()
-    without = vlm_trainer_for(demo.qwen_base, data, tmp_path / "without")
-    without.train()
-    assert losses(with_callback) == losses(without) and len(losses(without)) == 3  # exactly, step by step
+    callback = trains_unchanged(lambda out, callbacks: vlm_trainer_for(demo.qwen_base, data, out, callbacks), tmp_path)
     report = report_of(callback)
     found = verdicts(report)
     assert not {v for v in found.values()} & {"fail", "error"}, found
