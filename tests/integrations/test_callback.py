@@ -66,6 +66,7 @@ def test_a_healthy_run_trains_unchanged_and_gets_a_dated_report(checkpoint, tmp_
     assert (folder / "04_forward_checks.html").is_file() and (folder / "trainer_state.json").is_file()
     listing = (tmp_path / "with" / "workbench" / "index.html").read_text()  # every report of this output_dir
     assert f'href="{folder.parent.name}/{folder.name}/index.html"' in listing
+    assert "WorkbenchCallback reports of this output_dir" in listing  # not the diagnoses' "Diagnosis reports"
 
 
 def test_every_label_masked_stops_training_before_its_first_step(checkpoint, tmp_path):

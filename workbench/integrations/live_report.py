@@ -89,7 +89,7 @@ class LiveReport:
         write_json_atomic(self.folder / "findings.json", report)
         write_text_atomic(self.index, render_index(report))
         redact_report(self.folder)
-        write_reports_index(self.folder.parent.parent)
+        write_reports_index(self.folder.parent.parent, title="WorkbenchCallback reports of this output_dir")
 
 
 def _page(run) -> str:

@@ -78,7 +78,7 @@ def write_index(folder: Path, report: dict[str, Any]) -> Path:
     return path
 
 
-def write_reports_index(reports_dir: Path) -> Path:
+def write_reports_index(reports_dir: Path, title: str = "Diagnosis reports") -> Path:
     """reports/index.html: every completed run, newest first, with its worst verdict and target."""
     import json
 
@@ -101,7 +101,7 @@ def write_reports_index(reports_dir: Path) -> Path:
                      f"{target.get('quant', '')} · {target.get('gpus', '')} GPU(s) · {target.get('setup', '')}",
                      ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))])
     table = Table(["worst", "run", "checkpoint", "set-up", "verdicts"], rows, css_class="")
-    listing = page("Diagnosis reports", Display(Heading("Diagnosis reports", level=1),
+    listing = page(title, Display(Heading(title, level=1),
                                                 Paragraph(f"{len(rows)} run(s), newest first."), table))
     path = Path(reports_dir) / "index.html"
     write_text_atomic(path, listing)  # two runs finishing at once never leave half a page
