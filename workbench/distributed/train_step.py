@@ -7,8 +7,6 @@ kept as one line (`short_error`), its traceback beside it.
 
 from __future__ import annotations
 
-import contextlib
-
 
 def rank_inputs(model, target, rank: int) -> tuple[dict, str]:
     """The workbench's sample inputs, with labels shuffled by rank: each rank has its own batch."""
@@ -30,12 +28,10 @@ def rank_inputs(model, target, rank: int) -> tuple[dict, str]:
 
 def train_step(module, inputs: dict, autocast_dtype=None) -> float:
     """Forward (under autocast when a half dtype is given) and backward; the loss, or the logits' mean."""
-    import torch
 
-    from workbench.model.forward import device_type_of, logits_of
+    from workbench.model.forward import autocast, device_type_of, logits_of
 
-    half = autocast_dtype in (torch.bfloat16, torch.float16)
-    with torch.autocast(device_type_of(module), dtype=autocast_dtype) if half else contextlib.nullcontext():
+    with autocast(device_type_of(module), autocast_dtype):
         out = module(**inputs)
     loss = out.loss if getattr(out, "loss", None) is not None else logits_of(out).float().mean()
     loss.backward()
