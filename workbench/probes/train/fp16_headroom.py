@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from workbench.model.finiteness import largest_magnitude
+
 FP16_MAX = 65504.0
 WARN_BITS = 4.0
 
@@ -62,12 +64,7 @@ def _amax(value: Any) -> float:
     if torch.is_tensor(value):
         if not value.is_floating_point() or value.numel() == 0 or value.device.type == "meta":
             return 0.0
-        try:  # one min/max reduction, no |x| copy (a copy of every weight the products read, fp32 here)
-            low, high = torch.aminmax(value.detach())
-            peak = max(-low.item(), high.item()) if not (math.isnan(low.item()) or math.isnan(high.item())) \
-                else math.nan
-        except (RuntimeError, NotImplementedError):  # a dtype aminmax does not cover on this device
-            peak = value.detach().abs().max().item()
+        peak = largest_magnitude(value)  # one min/max reduction, no |x| copy of every weight a product reads
         return math.inf if math.isnan(peak) else float(peak)
     if isinstance(value, dict):
         value = list(value.values())
