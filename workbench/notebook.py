@@ -93,9 +93,8 @@ class NotebookSession(Displayable):
 
         loading = sys.modules.get("workbench.model.loading")
         loads = loading.LOADS[self._loads_at_open:] if loading else []
-        self.recorder.cost = {"model_loads": loads,
-                              "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-        self.recorder.save()
+        self.recorder.set_cost({"model_loads": loads,
+                                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
 
     def _value(self, ref: str) -> Any:
         from workbench.recorder import Failed

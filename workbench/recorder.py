@@ -67,17 +67,18 @@ class Failed(Displayable):
 
 
 class FindingsRecorder(Displayable):
-    def __init__(self, path: str | Path, notebook: str, *, interactive: bool = False) -> None:
+    def __init__(self, path: str | Path, notebook: str, *, interactive: bool = False, autosave: bool = True) -> None:
         self.path = Path(path)
         self.notebook = notebook
         self.interactive = interactive
+        self.autosave = autosave
         self.findings: list[Finding] = []
         self.declared: set[str] = set()  # check ids callers named beyond the catalog's
         # the catalog's notebooks and the panel report only declared ids; a notebook of your own declares its ids in
         # its metadata, which the runner reads (report.runner.declared_checks)
         self.validates_ids = notebook == "panel" or notebook in {nb.name for nb in NOTEBOOKS}
         self.cost: dict[str, Any] = {}  # what the notebook cost (loads, memory), written beside the findings
-        self.save()
+        self._changed()
 
     def add(self, *findings: Finding) -> None:
         undeclared = sorted({f.id for f in findings} - CHECK_IDS - self.declared)
@@ -87,7 +88,11 @@ class FindingsRecorder(Displayable):
         for f in findings:
             f = dataclasses.replace(f, notebook=self.notebook)  # a copy: the result's own findings stay as they are
             self.findings = [g for g in self.findings if g.id != f.id or g.verdict == "error"] + [f]
-        self.save()
+        self._changed()
+
+    def set_cost(self, cost: dict[str, Any]) -> None:
+        self.cost = cost
+        self._changed()
 
     def run(self, func: Callable[..., Any], *args: Any, checks: tuple[str, ...] = (), step: str | None = None,
             **kwargs: Any) -> Any:
@@ -125,8 +130,13 @@ class FindingsRecorder(Displayable):
         self.add(*findings)
         return result
 
+    def _changed(self) -> None:
+        if self.autosave:
+            self.save()
+
     def save(self) -> None:
-        """Rewrite the sidecar (after every probe: a kernel that dies still leaves what was found)."""
+        """Rewrite the sidecar (after every probe unless `autosave=False`: a kernel that dies still leaves what was
+        found)."""
         write_json_atomic(self.path, {"notebook": self.notebook, "cost": self.cost,
                                       "findings": [f.to_dict() for f in sort_findings(self.findings)]})
 

@@ -68,11 +68,12 @@ def run_autopsy(args, state, model, folder: Path) -> NotebookRun:
     run_dir = Path(args.output_dir).resolve()
     state_path = folder / "trainer_state.json"
     state.save_to_json(str(state_path))
-    recorder = FindingsRecorder(folder / f"findings.{spec.name}.json", notebook=spec.name)
+    recorder = FindingsRecorder(folder / f"findings.{spec.name}.json", notebook=spec.name, autosave=False)
     shown = []
     log_step, progress_step = spec.step("training_log"), spec.step("adapter_progress")
     shown.append((log_step.label, recorder.run(live_training_log, run_dir, state_path, args, model,
                                                checks=log_step.reports, step=log_step.name)))
     shown.append((progress_step.label, recorder.run(adapter_progress_probe, run_dir, checks=progress_step.reports,
                                                     step=progress_step.name)))
+    recorder.save()
     return NotebookRun(spec.name, recorder, shown, time.perf_counter() - start)
