@@ -33,8 +33,15 @@ def redact_text(text: str, secrets: list[str] | None = None) -> str:
 
 
 def library_versions() -> dict[str, str | None]:
+    """Each library's version: the `__version__` of a library this process has imported (what runs), else its
+    installed distribution's metadata (parsing a METADATA file costs about 1 ms; the training callback's report
+    asks at every save)."""
     versions: dict[str, str | None] = {}
     for lib in LIBRARIES:
+        loaded = getattr(sys.modules.get(lib), "__version__", None)
+        if isinstance(loaded, str):
+            versions[lib] = loaded
+            continue
         try:
             versions[lib] = importlib.metadata.version(lib)
         except importlib.metadata.PackageNotFoundError:
