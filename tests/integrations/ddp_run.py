@@ -1,6 +1,6 @@
 """One rank of a 2-rank torchrun (gloo, CPU): the tiny checkpoint trained by the real Trainer with WorkbenchCallback.
 
-    python -m torch.distributed.run --nproc_per_node 2 -m ddp_run CHECKPOINT OUTPUT_DIR RESULTS healthy|masked
+    python -m torch.distributed.run --nproc_per_node 2 -m ddp_run CHECKPOINT OUTPUT_DIR RESULTS healthy|masked|reentrant
 
 Each rank writes RESULTS/rank<N>.json: how training ended, its losses, the report folder its callback wrote (None on
 every rank but process zero).
@@ -25,7 +25,7 @@ def main(checkpoint: str, output_dir: str, results: str, planted: str) -> None:
     rank = int(os.environ["RANK"])
     callback = WorkbenchCallback(raise_on="fail")
     trainer = trainer_for(Path(checkpoint), Path(output_dir), [callback], masked=planted == "masked",
-                          ddp_backend="gloo")
+                          reentrant=planted == "reentrant", ddp_backend="gloo")
     outcome = "trained"
     try:
         trainer.train()

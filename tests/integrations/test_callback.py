@@ -98,6 +98,23 @@ def test_a_trainable_tensor_cut_from_the_loss_stops_training(checkpoint, tmp_pat
     assert verdicts(report)["data.labels"] == "pass"  # the healthy twin of the masked run's data
 
 
+def test_reentrant_checkpointing_in_one_process_trains_on_with_the_ddp_hazard_as_information(checkpoint, tmp_path):
+    """The model that stops 2 torchrun ranks (test_callback_distributed) trains in one process: DDP wraps nothing
+    here, so raise_on="fail" does not stop it; the finding says what torchrun would do. fp16 and FSDP, which this run
+    does not use, cost no forward and no replay."""
+    callback = WorkbenchCallback(raise_on="fail")
+    trainer = trainer_for(checkpoint, tmp_path / "out", [callback], reentrant=True)
+    trainer.train()
+    assert trainer.state.global_step == 3
+    report = report_of(callback)
+    ddp = next(f for f in report["findings"] if f["id"] == "train.ddp_checkpointing")
+    assert ddp["verdict"] == "info" and "One process" in ddp["title"] and "torchrun" in ddp["detail"]
+    assert ddp["evidence"]["use_reentrant"] is True and "1 process" in ddp["evidence"]["launch"]
+    found = {f["id"]: f for f in report["findings"]}
+    assert "not read" in found["train.fp16"]["title"] and "not used by your Trainer" in found["train.fsdp_units"]["title"]
+    assert found["grad.flow"]["verdict"] == "pass"
+
+
 def test_by_default_a_defect_is_reported_and_training_goes_on(checkpoint, tmp_path):
     callback = WorkbenchCallback()
     trainer = trainer_for(checkpoint, tmp_path / "out", [callback], masked=True)

@@ -44,7 +44,10 @@ def test_only_process_zero_writes_and_both_ranks_train(checkpoint, tmp_path):
 
 
 def test_a_planted_defect_stops_every_rank_before_the_first_step(checkpoint, tmp_path):
-    ranks = run_two_ranks(checkpoint, tmp_path, "masked")
-    assert all(r["outcome"].startswith("stopped: ") and "data.labels FAIL" in r["outcome"] for r in ranks.values())
+    """Reentrant checkpointing under a LoRA: DDP on 2 ranks would raise at the first backward; the callback, knowing
+    the run's 2 processes, fails it and stops both ranks first (in one process the same model trains: test_callback)."""
+    ranks = run_two_ranks(checkpoint, tmp_path, "reentrant")
+    assert all(r["outcome"].startswith("stopped: ") and "train.ddp_checkpointing FAIL" in r["outcome"]
+               for r in ranks.values()), ranks
     assert ranks[0]["step"] == ranks[1]["step"] == 0 and ranks[1]["report"] is None
     assert ranks[0]["report"] in ranks[1]["outcome"]  # every rank names process zero's report

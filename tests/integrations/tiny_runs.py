@@ -49,8 +49,18 @@ class MaskEverything:
         return batch
 
 
+def reentrant_lora(model):
+    """A LoRA over checkpointing called with peft's `{}` options (prepare_model_for_kbit_training's): torch's
+    reentrant default, which DDP with find_unused_parameters (a PeftModel's rule) refuses at the first backward."""
+    from peft import LoraConfig, get_peft_model
+
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={})
+    model.enable_input_require_grads()
+    return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+
+
 def trainer_for(checkpoint: Path, output_dir: Path, callbacks=(), *, masked: bool = False, max_steps: int = 3,
-                **arguments):
+                reentrant: bool = False, **arguments):
     from transformers import (
         AutoModelForCausalLM,
         AutoTokenizer,
@@ -61,6 +71,8 @@ def trainer_for(checkpoint: Path, output_dir: Path, callbacks=(), *, masked: boo
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    if reentrant:
+        model = reentrant_lora(model)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
     args = TrainingArguments(output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=max_steps,
                              logging_steps=1, learning_rate=1e-3, report_to=[], disable_tqdm=True, seed=0,

@@ -6,7 +6,9 @@ Each check runs as the catalog's step of its notebook, through a `NotebookSessio
 the panel runs them: notebook 00 on the folder the model was loaded from (when it is a local folder), the data
 path (07) read from your Trainer's own dataloader and collator, fp32 islands (01), one `grad.flow` step (04) on a
 row of the first batch your collator builds, the forward matrix (04) when fp32 islands finds tensors off the compute
-dtype, and the training-step checks (09) from your Trainer's own arguments. The shared
+dtype, and the training-step checks (09) from your Trainer's own arguments and its launch (`RunLaunch`: processes,
+mixed precision, FSDP, read from its accelerator before anything else), which decide what applies to this run: DDP's
+checkpointing hazard in one process is information, fp16's headroom is not read without fp16. The shared
 model is the live one: steps that change it run under `guard.restored`, and the whole pre-flight under
 `untouched_run` (random streams, buffer values, the accelerator's loaders), so training goes on as without it.
 
@@ -33,6 +35,8 @@ from workbench.integrations.live_trainer import (
     untouched_run,
 )
 
+PREFLIGHT_NOTEBOOKS = ("00_saved_files", "07_data_path", "01_dtype_distribution", "04_forward_checks",
+                       "09_training_step")  # the catalog notebooks whose steps the pre-flight runs, in its order
 IGNORE_INDEX = -100  # the label the loss skips (torch cross_entropy's ignore_index, the Trainer's collators)
 SETUP = "your Trainer"  # the set-up name the live target carries: the model is the one your script built
 DATA_SAMPLES = 20000  # rows of train_dataset the data path reads at most (parameters/defaults.yaml's example)
@@ -62,7 +66,9 @@ def run_preflight(trainer, model, processing_class, folder: Path, *, loss_accumu
     """Every pre-flight notebook's steps on the live Trainer; the sidecars are written into `folder`."""
     from workbench.model.setups import PreparedModel
     from workbench.model.target import Target
+    from workbench.probes.train.configuration import launch_of
 
+    launch = launch_of(trainer)  # first: the checks below build TrainingArguments, which reset what it reads
     source = source_folder(model)
     runs = [_saved_files(source, folder)]
     output_dir = Path(trainer.args.output_dir if trainer is not None else folder).resolve()
@@ -70,7 +76,7 @@ def run_preflight(trainer, model, processing_class, folder: Path, *, loss_accumu
         batch_file = _first_batch_file(trainer, folder)
         prepared = PreparedModel(model, processing_class or getattr(trainer, "processing_class", None), SETUP,
                                  f"the model of your {type(trainer).__name__ if trainer is not None else 'Trainer'}, "
-                                 "live", trainer=trainer)
+                                 "live", trainer=trainer, launch=launch)
         target = Target(checkpoint=str(source or output_dir), model_dir=source or output_dir, quant=quant_of(model),
                         gpus=max(1, int(getattr(trainer.args, "_n_gpu", 1) or 1)) if trainer is not None else 1,
                         setup=SETUP, params={"forward_inputs": str(batch_file)} if batch_file else {})
@@ -135,7 +141,7 @@ def _session(folder: Path, name: str, steps: tuple[str, ...], target, seed: dict
 
     start = time.perf_counter()
     spec = notebook(name)
-    recorder = FindingsRecorder(folder / f"findings.{name}.json", notebook=name)
+    recorder = FindingsRecorder(folder / f"findings.{name}.json", notebook=name, autosave=False)
     session = NotebookSession(spec, target, recorder, {**NOTEBOOK_PARAMETERS, **target.options()})
     session.results.update(seed)
     shown: list[tuple[str, Any]] = list(before(session)) if before is not None else []
@@ -154,6 +160,7 @@ def _session(folder: Path, name: str, steps: tuple[str, ...], target, seed: dict
             with guard:
                 result = session.run(step_name)
         shown.append((step.label, result))
+    recorder.save()
     return NotebookRun(name, recorder, shown, time.perf_counter() - start)
 
 
@@ -176,8 +183,9 @@ def _saved_files(source: Path | None, folder: Path) -> NotebookRun:
 def _skipped(folder: Path, spec, why: str) -> NotebookRun:
     from workbench.recorder import FindingsRecorder
 
-    recorder = FindingsRecorder(folder / f"findings.{spec.name}.json", notebook=spec.name)
+    recorder = FindingsRecorder(folder / f"findings.{spec.name}.json", notebook=spec.name, autosave=False)
     recorder.add(*(Finding(c, "skip", "No saved files to read", why, {}, "") for c in spec.checks))
+    recorder.save()
     return NotebookRun(spec.name, recorder, [], 0.0)
 
 

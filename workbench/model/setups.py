@@ -300,6 +300,7 @@ class PreparedModel(Displayable):
     # 4-bit layers the set-up returned in bitsandbytes' CPU inference layout (an eval forward without grad ran in
     # it): a training step on them sends no gradient back. Unpacked before any probe runs; grad.flow names them.
     packed_at_setup: list[str] = dataclasses.field(default_factory=list)
+    launch: Any = None  # how the training running now was launched (a RunLaunch, from the training callback)
 
     def view(self):
         return Display(Paragraph("Set-up ", Code(self.setup), ": ", self.description))

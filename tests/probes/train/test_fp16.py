@@ -89,6 +89,31 @@ def test_without_fp16_the_headroom_is_information(target, tmp_path):
     assert "not judged" in finding(result)[0].detail
 
 
+def test_a_running_training_without_fp16_skips_the_fp32_forward(target, tmp_path, monkeypatch):
+    """In the training callback the run's launch is known: without fp16 there is no headroom to judge, so the fp32
+    forward is not paid. The same arguments in a diagnosis (which may still be turned to fp16) get the reading, and
+    an accelerator launched with mixed_precision='fp16' counts as fp16."""
+    import workbench.probes.train.fp16 as fp16
+    from workbench.probes.train.configuration import RunLaunch
+
+    forwards = []
+    real = fp16._fp32_forward
+    monkeypatch.setattr(fp16, "_fp32_forward", lambda *a: forwards.append(1) or real(*a))
+    args = configuration(tmp_path, False).args
+    running = TrainingConfiguration("trainer", args, object(), launch=RunLaunch(1, "bf16", False))
+    result = fp16_probe(PreparedModel(tiny_llama(), None, "test", "bf16 run"), target, running)
+    (found,) = finding(result)
+    assert found.verdict == "info" and "not read" in found.title and result.reading is None and not forwards
+    assert "fp16=False (trainer)" in found.detail
+    diagnosed = TrainingConfiguration("trainer", args, object())  # a set-up's Trainer: its launch is not known
+    assert fp16_probe(PreparedModel(tiny_llama(), None, "test", "set-up"), target, diagnosed).reading is not None
+    assert forwards == [1]
+    launched_fp16 = TrainingConfiguration("trainer", args, object(), launch=RunLaunch(2, "fp16", False))
+    result = fp16_probe(PreparedModel(tiny_llama(), None, "test", "fp16 run"), target, launched_fp16)
+    assert result.uses_fp16 and result.reading is not None and forwards == [1, 1]
+    assert "mixed_precision='fp16'" in result.fp16_cited
+
+
 def test_an_fp16_model_is_judged_in_the_half_weights_view_and_restored(target, tmp_path):
     model = tiny_llama(torch.float16)
     before = {n: p.data_ptr() for n, p in model.named_parameters()}

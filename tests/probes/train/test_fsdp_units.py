@@ -104,6 +104,16 @@ def test_without_fsdp_the_default_units_are_information(tmp_path):
     assert found.evidence["version"] == 2 and found.evidence["unit_count"] >= 3
 
 
+def test_a_running_training_that_does_not_shard_replays_nothing(tmp_path, monkeypatch):
+    import workbench.probes.train.fsdp_units as units
+    from workbench.probes.train.configuration import RunLaunch
+
+    monkeypatch.setattr(units, "fsdp2_plan", lambda *a: pytest.fail("replayed the units of a run that does not shard"))
+    running = TrainingConfiguration("trainer", configuration(tmp_path).args, object(), launch=RunLaunch(2, "no", False))
+    found = verdict(fsdp_units_probe(PreparedModel(tiny_llama(), None, "t", "bf16"), None, running))
+    assert found.verdict == "info" and "not used by your Trainer" in found.title and "2 processes" in found.detail
+
+
 def test_a_70b_shaped_llama_replays_on_the_meta_device(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 

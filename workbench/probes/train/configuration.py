@@ -15,7 +15,9 @@
 or trainer names), built by that class itself, so every check reads a field as the Trainer will (`args.fp16`,
 `args.gradient_accumulation_steps`, `args.activation_checkpointing_kwargs`, `args.ddp_find_unused_parameters`,
 `args.fsdp`, `args.fsdp_config`). `given` holds the fields the source set explicitly (the rest are the class's
-defaults); `assumed` lists, in words, what was assumed rather than read.
+defaults); `assumed` lists, in words, what was assumed rather than read. `launch` is how the run itself is launched
+(its processes, mixed precision, FSDP), read from the Trainer's accelerator: known only when the Trainer is the one
+training now (the training callback), else None (a set-up's Trainer may yet be launched under torchrun).
 """
 
 from __future__ import annotations
@@ -39,6 +41,30 @@ HOW_TO_GIVE = ("return your Trainer from the set-up (--setup module:function), p
                "JSON of TrainingArguments fields), or diagnose the run's output_dir")
 
 
+@dataclasses.dataclass(frozen=True)
+class RunLaunch:
+    """How a running training was launched, as its Trainer's accelerator says."""
+
+    processes: int  # accelerator.num_processes: 1 unless torchrun / accelerate launch started several
+    mixed_precision: str  # accelerator.mixed_precision: "no", "fp16", "bf16", "fp8"
+    fsdp: bool  # trainer.is_fsdp_enabled (from the arguments or an accelerate config)
+
+    def describe(self) -> str:
+        return (f"{self.processes} process{'es' if self.processes != 1 else ''}, mixed_precision="
+                f"{self.mixed_precision!r}{', FSDP' if self.fsdp else ''} (your Trainer's accelerator)")
+
+
+def launch_of(trainer) -> RunLaunch | None:
+    """Read before any TrainingArguments is built in the process: building one resets accelerate's shared state,
+    which `num_processes` and `mixed_precision` read (transformers 5.23 training_args.py:1872)."""
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is None:
+        return None
+    return RunLaunch(int(getattr(accelerator, "num_processes", 1) or 1),
+                     str(getattr(accelerator, "mixed_precision", "no") or "no"),
+                     bool(getattr(trainer, "is_fsdp_enabled", False)))
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class TrainingConfiguration(Displayable):
     """The training configuration as the checks read it (see the module docstring)."""
@@ -48,6 +74,7 @@ class TrainingConfiguration(Displayable):
     trainer: Any = None  # the Trainer the set-up returned, else None
     assumed: tuple[str, ...] = ()  # what was assumed rather than read, in words
     given: dict[str, Any] = dataclasses.field(default_factory=dict)  # fields the source set explicitly
+    launch: RunLaunch | None = None  # the running training's launch (the training callback), else not known
 
     @property
     def is_defaults(self) -> bool:
@@ -65,6 +92,8 @@ class TrainingConfiguration(Displayable):
                             f", {type(self.trainer).__name__}" if self.trainer is not None else "", ")")]
         if rows:
             blocks.append(Table(["field", "value"], rows, left=True))
+        if self.launch is not None:
+            blocks.append(Paragraph("Launched with ", self.launch.describe()))
         for line in self.assumed:
             blocks.append(Paragraph("Assumed: ", line))
         return Display(*blocks)
@@ -204,7 +233,7 @@ def training_configuration_probe(target, prepared=None) -> TrainingConfiguration
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
                  if defaults is not None and f.init and f.name not in ("output_dir", "report_to")
                  and _differs(getattr(args, f.name), getattr(defaults, f.name))}
-        return TrainingConfiguration("trainer", args, trainer, (), given)
+        return TrainingConfiguration("trainer", args, trainer, (), given, getattr(prepared, "launch", None))
     path = getattr(target, "training_args", None)
     if path:
         cls, fields = read_training_args_file(path)

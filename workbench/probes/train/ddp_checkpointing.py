@@ -13,6 +13,9 @@ runs that cell for real). Each axis is read as the installed code resolves it:
   `{"use_reentrant": False}` (modeling_utils.py:3148-3149): that call is made on a tiny twin of the model's class and
   its checkpoint function read back. trl's own forcing (PEFT + DeepSpeed ZeRO-3 → `use_reentrant=True`,
   trl 1.16 sft_trainer.py:875-895) is already in `trainer.args` when the set-up returned the trl trainer.
+In the training callback the run's launch is known: in one process DDP wraps nothing and the cell is `info`;
+under torchrun it is judged as above.
+
 - **find_unused_parameters / static_graph**: from the Trainer the set-up returned (its accelerator's DDP
   kwargs), else `Trainer._build_accelerator_args` asked on a stand-in holding the configured arguments and the
   prepared model (explicit `ddp_find_unused_parameters`, else False for a `PreTrainedModel` that checkpoints and
@@ -52,6 +55,7 @@ class DdpCheckpointingResult(ProbeResult):
     static_graph_how: str
     configuration_source: str
     versions: dict[str, str]
+    launch: Any = None  # configuration.launch: the running training's (the training callback), else None
 
     @property
     def raises(self) -> bool:
@@ -63,7 +67,8 @@ class DdpCheckpointingResult(ProbeResult):
                 "use_reentrant": self.checkpointing.use_reentrant, "use_reentrant_from": self.checkpointing.how,
                 "find_unused_parameters": self.find_unused_parameters, "find_unused_from": self.find_unused_how,
                 "static_graph": self.static_graph, "static_graph_from": self.static_graph_how,
-                "configuration": self.configuration_source, **self.versions}
+                "configuration": self.configuration_source, **self.versions,
+                **({"launch": self.launch.describe()} if self.launch is not None else {})}
 
     def _cell(self) -> str:
         c = self.checkpointing
@@ -82,6 +87,12 @@ class DdpCheckpointingResult(ProbeResult):
                    "{'use_reentrant': False})`; (2) `ddp_static_graph=True` (the graph is the same every step); "
                    "(3) `ddp_find_unused_parameters=False`, only when every trainable parameter gets a gradient every "
                    "step (grad.flow says so) — else DDP raises 'Expected to have finished reduction'")
+            if self.launch is not None and self.launch.processes == 1:  # DDP wraps nothing in one process
+                return [Finding(CHECK, "info", "One process: DDP does not wrap this run; under DDP it would raise "
+                                f"'{READY_TWICE}'",
+                                f"{cell}. This run trains in {self.launch.describe()}: no DDP reducer, nothing "
+                                f"raises. Launched with torchrun on ≥ 2 processes, torch would raise \"{READY_TWICE}\" "
+                                "at the first backward." + assumed, self._evidence(), fix)]
             return [Finding(CHECK, "fail", "DDP will raise 'Expected to mark a variable ready only once'",
                             f"{cell}: reentrant checkpointing re-runs each layer's forward in the backward and DDP, "
                             "looking for unused parameters without a static graph, marks a parameter ready twice: "
@@ -196,4 +207,5 @@ def ddp_checkpointing_probe(prepared, configuration) -> DdpCheckpointingResult:
         model_class=type(inner).__name__, checkpointing=axis,
         find_unused_parameters=bool(kwargs.get("find_unused_parameters")), find_unused_how=find_how,
         static_graph=bool(static), static_graph_how=static_how, configuration_source=configuration.source,
-        versions={"transformers": transformers.__version__, "torch": torch.__version__, "peft": peft.__version__})
+        versions={"transformers": transformers.__version__, "torch": torch.__version__, "peft": peft.__version__},
+        launch=getattr(configuration, "launch", None))

@@ -11,7 +11,10 @@ fp32, but a `modules_to_save` copy keeps the base's dtype (peft #341: an fp16 mo
 fp16), the residual stream per decoder block as a curve, and vLLM's own list of model types it refuses in fp16.
 
 Judged only when the configuration sets `fp16=True`: `fail` for a trainable fp16 parameter or an overflow, `warn`
-under 4 bits of headroom (or a type vLLM refuses in fp16); otherwise `info` with the same evidence.
+under 4 bits of headroom (or a type vLLM refuses in fp16); otherwise `info` with the same evidence. In the training
+callback the run is known (its arguments and its accelerator's mixed precision): without fp16 the headroom is not
+read, and the fp32 forward it costs is not run; a diagnosis, whose configuration you may still turn to fp16, gets
+the reading.
 """
 
 from __future__ import annotations
@@ -98,6 +101,13 @@ class Fp16Result(ProbeResult):
                        f"'{GRADSCALER_MESSAGE}' for {shown}.{why}", evidence, fix)
 
     def _headroom_finding(self, evidence: dict[str, Any]) -> Finding:
+        if self.reading is None and self.forward_error is None:  # not read: see fp16_probe
+            vllm = (f" vLLM refuses model type {self.vllm[0]!r} in float16 ('{self.vllm[1]}', {VLLM_SOURCE})."
+                    if self.vllm else "")
+            return Finding(CHECK, "info", "fp16 is not configured: headroom not read",
+                           f"{self.fp16_cited}: the run training now does not use fp16, so the fp32 forward that "
+                           f"reads the activations' headroom was not run.{vllm}", evidence,
+                           "`workbench diagnose` with `--training-args` naming fp16=True reads it.")
         if self.reading is None:
             return Finding(CHECK, "error", "The fp32 forward for the fp16 headroom did not run",
                            f"{self.forward_error}. The headroom cannot be read from this batch.", evidence,
@@ -171,6 +181,9 @@ def _uses_fp16(config) -> tuple[bool, str]:
         return False, "fp16=False (no training configuration given: the Trainer's default)"
     value = bool(getattr(args, "fp16", False))
     cite = config.cite("fp16") if hasattr(config, "cite") else f"fp16={value!r}"
+    launch = getattr(config, "launch", None)
+    if launch is not None and launch.mixed_precision == "fp16" and not value:  # accelerate launch --mixed_precision
+        return True, f"{cite}, but the run's accelerator uses mixed_precision='fp16'"
     return value, cite
 
 
@@ -260,11 +273,12 @@ def fp16_probe(prepared, target, config) -> Fp16Result:
     inner, _ = unwrap_model(model)
     block_names = set(getattr(inner, "_no_split_modules", None) or ())
     refusal = vllm_fp16_refusal(getattr(inner, "config", None))
-    inputs, how = target_inputs(model, target)  # BatchNotAccepted: an `error`, said by the caller
-    reading, error = None, None
-    try:
-        reading = _fp32_forward(model, inputs, block_names)
-    except Exception as exc:  # noqa: BLE001 - the failure is the evidence
-        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+    reading, error, how = None, None, ""
+    if uses_fp16 or getattr(config, "launch", None) is None:
+        inputs, how = target_inputs(model, target)  # BatchNotAccepted: an `error`, said by the caller
+        try:
+            reading = _fp32_forward(model, inputs, block_names)
+        except Exception as exc:  # noqa: BLE001 - the failure is the evidence
+            error = f"{type(exc).__name__}: {str(exc)[:300]}"
     return Fp16Result(uses_fp16, cited, str(stored).removeprefix("torch."), fp16_trainable,
                       _modules_to_save_copies(model, fp16_trainable), reading, judged_view, refusal, how, error)

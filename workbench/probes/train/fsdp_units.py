@@ -13,7 +13,9 @@ checked against the rule torch enforces when it builds that unit:
 - QLoRA: `bnb_4bit_quant_storage` must equal the compute dtype for the 4-bit weights to shard with the rest.
 
 `fail` names the unit, its tensors and torch's message; `pass` lists the units; without FSDP in the configuration
-the units transformers' default (FSDP2, transformer-based wrap) would make are listed as `info`.
+the units transformers' default (FSDP2, transformer-based wrap) would make are listed as `info`, except in the
+training callback, whose run is known not to shard (neither its arguments nor its accelerator use FSDP): nothing is
+replayed then.
 """
 
 from __future__ import annotations
@@ -197,9 +199,25 @@ def _policy_refused(model, plugin_args: dict[str, Any], configured: bool, cited:
     return FsdpPolicyRefused(configured, cited, str(exc), wrap, [c for c in wrap if c in names])
 
 
-def fsdp_units_probe(prepared, target, config) -> FsdpUnitsResult | FsdpPolicyRefused:
+@dataclasses.dataclass(repr=False)
+class FsdpNotUsed(ProbeResult):
+    """The training running now does not shard (neither its arguments nor its accelerator use FSDP)."""
+
+    fsdp_cited: str
+
+    def findings(self) -> list[Finding]:
+        return [Finding(CHECK, "info", "FSDP is not used by your Trainer: no unit replayed",
+                        f"{self.fsdp_cited}: the run training now does not shard, so the units FSDP would make are "
+                        "not replayed.", {"fsdp": self.fsdp_cited},
+                        "`workbench diagnose` with `--training-args` naming fsdp replays them.")]
+
+
+def fsdp_units_probe(prepared, target, config) -> FsdpUnitsResult | FsdpPolicyRefused | FsdpNotUsed:
     model = prepared.model
     configured, plugin_args, mixed, cited = _configuration(config)
+    launch = getattr(config, "launch", None)
+    if not configured and launch is not None and not launch.fsdp:
+        return FsdpNotUsed(f"{cited}; {launch.describe()}")
     start = time.perf_counter()
     version = int(plugin_args.get("fsdp_version", 2))
     try:
