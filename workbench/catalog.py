@@ -669,7 +669,8 @@ CHECKS: tuple[Check, ...] = (
        "the lowest-headroom tensors named, and the families vLLM refuses to run in fp16. Judged only when the "
        "configuration uses fp16",
        **{"pass": "no trainable fp16 tensor, headroom ≥ 4 bits",
-          "info": "the configuration does not use fp16: the headroom as a figure",
+          "info": "the configuration does not use fp16: the headroom as a figure (in the training callback, for a run "
+                  "that does not use fp16, not read)",
           "warn": "under 4 bits of headroom, or a model type vLLM refuses to run in fp16 (its list kept as data)",
           "fail": "a trainable fp16 parameter under fp16=True, or an activation that overflows fp16",
           "error": "the fp32 forward did not run (no batch this model accepts)",
@@ -685,6 +686,7 @@ CHECKS: tuple[Check, ...] = (
        "(explicit `ddp_find_unused_parameters`, else True for anything that is not a `PreTrainedModel`, a "
        "`PeftModel` included). Notebook 06 with `--distributed 2` runs the cell on 2 gloo ranks",
        **{"pass": "no checkpointing, non-reentrant, static_graph, or find_unused_parameters=False",
+          "info": "that cell, in the training callback for a run of one process: DDP wraps nothing, nothing raises",
           "fail": "reentrant checkpointing with find_unused_parameters=True and no static_graph (three fixes, "
                   "safest first)",
           "skip": "no configuration to read"}),
@@ -699,7 +701,8 @@ CHECKS: tuple[Check, ...] = (
        "`use_orig_params=False`; FSDP2 — one dtype among trainable parameters; QLoRA — `bnb_4bit_quant_storage` "
        "equal to the compute dtype",
        **{"pass": "every unit uniform (units listed)",
-          "info": "the configuration does not use FSDP: the units it would make",
+          "info": "the configuration does not use FSDP: the units it would make (in the training callback, for a run "
+                  "that does not shard, none replayed)",
           "warn": "4-bit weights FSDP2 leaves unsharded (bnb_4bit_quant_storage differs from the compute dtype)",
           "fail": "a unit FSDP refuses, named with its tensors and torch's message (the FSDP1 messages checked "
                   "against real FSDP1 on one gloo rank)",
