@@ -60,8 +60,7 @@ def launch_of(trainer) -> RunLaunch | None:
     accelerator = getattr(trainer, "accelerator", None)
     if accelerator is None:
         return None
-    return RunLaunch(int(getattr(accelerator, "num_processes", 1) or 1),
-                     str(getattr(accelerator, "mixed_precision", "no") or "no"),
+    return RunLaunch(accelerator.num_processes, str(accelerator.mixed_precision),
                      bool(getattr(trainer, "is_fsdp_enabled", False)))
 
 

@@ -13,13 +13,14 @@ runs that cell for real). Each axis is read as the installed code resolves it:
   `{"use_reentrant": False}` (modeling_utils.py:3148-3149): that call is made on a tiny twin of the model's class and
   its checkpoint function read back. trl's own forcing (PEFT + DeepSpeed ZeRO-3 → `use_reentrant=True`,
   trl 1.16 sft_trainer.py:875-895) is already in `trainer.args` when the set-up returned the trl trainer.
-In the training callback the run's launch is known: in one process DDP wraps nothing and the cell is `info`;
-under torchrun it is judged as above.
-
 - **find_unused_parameters / static_graph**: from the Trainer the set-up returned (its accelerator's DDP
   kwargs), else `Trainer._build_accelerator_args` asked on a stand-in holding the configured arguments and the
   prepared model (explicit `ddp_find_unused_parameters`, else False for a `PreTrainedModel` that checkpoints and
   True for anything that is not one — a `PeftModel` is not).
+
+In the training callback the run's launch is known (`configuration.launch`): in one process DDP wraps nothing, and
+the raising cell is `info`; on ≥ 2 processes it fails as everywhere else. A diagnosis does not know the launch and
+judges the cell as a DDP run would meet it.
 """
 
 from __future__ import annotations
