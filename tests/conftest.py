@@ -9,6 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.verdict_coverage import (  # noqa: F401 - pytest hooks
+    pytest_configure,
+    pytest_configure_node,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two workers on two cores: one thread each, for torch here and for every kernel and torchrun
     # rank they start (inherited). With torch's default of two threads each, the OpenMP pools spin against each
@@ -16,6 +23,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+# The check contract raises here instead of becoming an `error` finding (workbench.contract): kernels, torchrun ranks
+# and every subprocess inherit it.
+os.environ["WORKBENCH_STRICT_CONTRACT"] = "1"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

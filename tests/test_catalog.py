@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from workbench.catalog import CHECKS, NOTEBOOKS, markdown_table, notebook
+from workbench.contract import ContractViolation
 from workbench.findings import Finding
 from workbench.recorder import FindingsRecorder
 
@@ -50,7 +51,7 @@ def test_a_crashing_step_reports_error_on_the_checks_it_declares(tmp_path):
 
 def test_a_finding_the_catalog_does_not_declare_is_refused(tmp_path):
     rec = FindingsRecorder(tmp_path / "f.json", notebook="04_forward_checks")
-    with pytest.raises(ValueError, match=r"\['grad\.flw'\] are not declared"):
+    with pytest.raises(ContractViolation, match=r"grad\.flw is not a check of workbench\.catalog"):
         rec.add(Finding("grad.flw", "pass", "a typo", ""))
     rec.run(lambda: type("R", (), {"findings": lambda self: [Finding("mine.check", "pass", "ok", "")]})(),
             checks=("mine.check",))

@@ -133,11 +133,13 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
         Step("static", "checkpoint headers", "workbench.probes.dtype.headers:checkpoint_probe",
              reports=("checkpoint.integrity",)),
         Step("quantized", "4-bit and 8-bit census", f"{_DTYPE}:quantized_census_probe",
-             kwargs={"static": "static?"}, reports=("dtype.quantized_census",)),
+             kwargs={"static": "static?"}),
         _PREPARE,
         Step("census", "loaded census", f"{_DTYPE}:loaded_census_probe", ("prepared", "target", "static?"),
              reports=("dtype.census",)),
-        Step("scenario_table", "all scenarios side by side", f"{_DTYPE}:with_loaded_row", ("quantized", "census")),
+        # answers dtype.quantized_census once: the predictions and real loads, beside the loaded model's row
+        Step("scenario_table", "all scenarios side by side", f"{_DTYPE}:with_loaded_row", ("quantized", "census?"),
+             reports=("dtype.quantized_census",)),
         Step("islands", "fp32 islands", f"{_DTYPE}:fp32_island_probe", ("prepared", "target"),
              reports=("dtype.fp32_islands",)),
     )),
@@ -150,10 +152,11 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
     )),
     NotebookSpec("03_peft_attributes", "03 · PEFT attribute preservation", "Attributes", (
         Step("attribute_chain", "attributes through the wrapping chain", f"{_PEFT}:peft_attribute_probe",
-             own_model=True, reports=("peft.attributes",)),
+             own_model=True),
         _PREPARE,
+        # answers peft.attributes once: the chain, with your set-up's column when it is your own
         Step("attributes", "your set-up's attributes", f"{_PEFT}:with_setup_attributes",
-             ("attribute_chain", "prepared", "target"), reports=("peft.attributes",)),
+             ("attribute_chain", "prepared?", "target"), reports=("peft.attributes",)),
         Step("layers", "adapter layers (PEFT's status)", f"{_PEFT}:peft_layer_status_probe", ("prepared",),
              reports=("peft.layer_status",)),
     )),
@@ -428,6 +431,8 @@ CHECKS: tuple[Check, ...] = (
        "forward traced; buffers (frozen modules first) that promote activations — the Gemma-4 `std_bias` case",
        **{"pass": "no buffer off the compute dtype",
           "info": "buffers off the compute dtype that promote nothing",
+          "warn": "the forward with every parameter cast breaks in a transformers module of its own (its class and "
+                  "source named), not in a buffer",
           "fail": "a buffer promotes activations (named)"}),
     _c("forward.scenarios", "04_forward_checks",
        "Which forward passes of the scenario matrix (eval/train × autocast × replica thread × adapters) pass?",
@@ -504,6 +509,8 @@ CHECKS: tuple[Check, ...] = (
        "compute dtype that promotes activations (module, buffer, dtype); `_keep_in_fp32_modules` parameters; rotary "
        "`inv_freq` intentional",
        **{"pass": "no promotion",
+          "info": "the step runs; parameters kept in fp32 on purpose are cast by the policy, or buffers stay off "
+                  "the compute dtype without promoting anything",
           "warn": "fails, not on a dtype",
           "fail": "the buffer named",
           "error": "a rank crashed or timed out",
@@ -757,6 +764,7 @@ def notebook(name: str) -> NotebookSpec:
 
 
 CHECK_IDS = frozenset(c.id for c in CHECKS)
+CHECKS_BY_ID: Mapping[str, Check] = {c.id: c for c in CHECKS}
 
 
 def markdown_table() -> str:

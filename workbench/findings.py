@@ -74,6 +74,24 @@ class Finding:
         )
 
 
+def combine_findings(findings: Iterable[Finding]) -> Finding:
+    """One check's several judgements as its one answer: the worst verdict leads (its title, detail and evidence);
+    the others follow in the detail and under `evidence["also"]`; every distinct fix is kept."""
+    ranked = sorted(findings, key=lambda f: verdict_rank(f.verdict))
+    if not ranked:
+        raise ValueError("combine_findings needs at least one finding")
+    if len({f.id for f in ranked}) > 1:
+        raise ValueError(f"combine_findings combines one check's findings, not {sorted({f.id for f in ranked})}")
+    lead, rest = ranked[0], ranked[1:]
+    if not rest:
+        return lead
+    detail = " ".join([lead.detail, *(f"Also ({f.verdict}): {f.title}. {f.detail}" for f in rest)]).strip()
+    fixes = list(dict.fromkeys(f.fix for f in ranked if f.fix))
+    also = [{"verdict": f.verdict, "title": f.title, "detail": f.detail,
+             **{k: v for k, v in f.evidence.items() if lead.evidence.get(k) != v}} for f in rest]
+    return dataclasses.replace(lead, detail=detail, evidence={**lead.evidence, "also": also}, fix="\n".join(fixes))
+
+
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (verdict_rank(f.verdict), f.id))
 

@@ -3,14 +3,20 @@
     rec = FindingsRecorder("findings.01.json", notebook="01_dtype_distribution")
     census = rec.run(loaded_census_probe, prepared, target, checks=("dtype.census",))   # shown; findings recorded
 
-The caller says which checks the probe answers (a notebook step's `reports`, from the catalog). If the probe
+The caller says which checks the probe answers (a notebook step's `reports`, from the catalog; a step that declares
+none answers none: its result is shown, its findings are a later step's to answer). If the probe
 raises, each of them gets an `error` finding with the traceback and `run` returns a `Failed` that displays the
 error and keeps the exception; in interactive use it is also left where `%debug` looks (`sys.last_exc` /
 `sys.last_traceback`). A probe handed a `Failed` is not called, and its checks get an `error` naming the step and
 the checks it depended on. A probe that raises `NotApplicable` (a set-up for another kind of model) gives its checks,
-and those of every step that needs it, a `skip` with its reason instead. In the catalog's notebooks and the panel, a
-finding whose id neither the catalog nor the caller declares is refused. The sidecar is rewritten after every probe,
-so a kernel that dies still leaves what was found.
+and those of every step that needs it, a `skip` with its reason instead.
+
+Every answer goes through the check contract (`workbench.contract`): a step answers each check it declares exactly
+once, with a verdict the check declares, and no other step of the notebook answers it too. A broken answer raises
+`ContractViolation` in strict mode (the test suite) and otherwise becomes an `error` on that check naming the step,
+with what the probe said in its evidence. Running a step again (a cell re-run) replaces that step's answers. The
+sidecar is rewritten after every probe unless `autosave=False` (the callback saves once per notebook), so a kernel
+that dies still leaves what was found.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.catalog import CHECK_IDS, NOTEBOOKS
+from workbench import contract
+from workbench.catalog import NOTEBOOKS
 from workbench.display.result import Displayable
 from workbench.errors import NotApplicable
 from workbench.findings import Finding, sort_findings, write_json_atomic
@@ -72,7 +79,7 @@ class FindingsRecorder(Displayable):
         self.notebook = notebook
         self.interactive = interactive
         self.autosave = autosave
-        self.findings: list[Finding] = []
+        self.answers: dict[str, tuple[str, Finding]] = {}  # check id -> (the step that answered it, its answer)
         self.declared: set[str] = set()  # check ids callers named beyond the catalog's
         # the catalog's notebooks and the panel report only declared ids; a notebook of your own declares its ids in
         # its metadata, which the runner reads (report.runner.declared_checks)
@@ -80,54 +87,81 @@ class FindingsRecorder(Displayable):
         self.cost: dict[str, Any] = {}  # what the notebook cost (loads, memory), written beside the findings
         self._changed()
 
-    def add(self, *findings: Finding) -> None:
-        undeclared = sorted({f.id for f in findings} - CHECK_IDS - self.declared)
-        if undeclared and self.validates_ids:
-            raise ValueError(f"finding ids {undeclared} are not declared in workbench.catalog (nor by the caller's "
-                             "checks=): add a Check, or name the id in the step's reports")
-        for f in findings:
-            f = dataclasses.replace(f, notebook=self.notebook)  # a copy: the result's own findings stay as they are
-            self.findings = [g for g in self.findings if g.id != f.id or g.verdict == "error"] + [f]
+    @property
+    def findings(self) -> list[Finding]:
+        return [finding for _, finding in self.answers.values()]
+
+    def add(self, *findings: Finding, step: str = "added by the caller") -> None:
+        """Record answers that no step ran for (a driver's skips): the same contract as a step's answers."""
+        self._record(step, None, list(findings))
+
+    def _record(self, step: str, declared: tuple[str, ...] | None, findings: list[Finding]) -> None:
+        answered = {check_id: by for check_id, (by, _) in self.answers.items() if by != step}
+        known = self.declared if self.validates_ids else {f.id for f in findings}
+        problems = contract.contract_problems(step, declared, findings, answered, known)
+        contract.enforce(step, problems)
+        kept = [f for f in findings if f.id not in problems]
+        kept += [contract.broken_contract_finding(check_id, step, why, findings) for check_id, why in problems.items()]
+        for f in kept:
+            # a copy: the result's own findings stay as they are
+            self.answers[f.id] = (step, dataclasses.replace(f, notebook=self.notebook))
+        contract.log_verdicts(kept)
         self._changed()
 
     def set_cost(self, cost: dict[str, Any]) -> None:
         self.cost = cost
         self._changed()
 
-    def run(self, func: Callable[..., Any], *args: Any, checks: tuple[str, ...] = (), step: str | None = None,
-            **kwargs: Any) -> Any:
+    def run(self, func: Callable[..., Any], *args: Any, checks: tuple[str, ...] | None = None,
+            step: str | None = None, **kwargs: Any) -> Any:
         """Call `func(*args, **kwargs)` as the step `step` (default: the function's name) answering `checks`."""
         step = step or getattr(func, "__name__", str(func))
-        checks = tuple(checks)
+        # checks=None (interactive use): the result's findings are held to the catalog alone; a tuple: the step's
+        # declared checks, the only ones it answers (a catalog step declaring none, such as 03's attribute chain,
+        # shows an intermediate result whose findings a later step answers)
+        declared = None if checks is None else tuple(checks)
+        checks = declared or ()
         self.declared.update(checks)
         failed_inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, Failed)]
         if failed_inputs:
             dep = next((f for f in failed_inputs if not f.skipped), failed_inputs[0])
-            if dep.skipped:  # a check an earlier step already answered (03's attribute chain) keeps its answer
-                answered = {f.id for f in self.findings}
-                self.add(*(Finding(c, "skip", dep.exception.title if isinstance(dep.exception, NotApplicable)
-                                   else f"{c} does not apply", dep.message, {"depends_on": dep.step})
-                           for c in checks if c not in answered))
+            if dep.skipped:
+                self._record(step, declared, [
+                    Finding(c, "skip", dep.exception.title if isinstance(dep.exception, NotApplicable)
+                            else f"{c} does not apply", dep.message, {"depends_on": dep.step}) for c in checks])
                 return Failed(step, dep.message, exception=dep.exception, checks=checks, skipped=True)
             msg = f"depends on step {dep.named}, which could not run ({dep.message})"
-            self.add(*(Finding(c, "error", f"{c} could not run", msg,
-                               {"depends_on": dep.step, "depends_on_checks": list(dep.checks)},
-                               "Fix the step it depends on.") for c in checks))
+            self._record(step, declared, [
+                Finding(c, "error", f"{c} could not run", msg,
+                        {"depends_on": dep.step, "depends_on_checks": list(dep.checks)}, "Fix the step it depends on.")
+                for c in checks])
             return Failed(step, msg, checks=checks)
         try:
             result = func(*args, **kwargs)
         except NotApplicable as exc:
-            self.add(*(Finding(c, "skip", exc.title, str(exc), {"step": step}) for c in checks))
+            self._record(step, declared, [Finding(c, "skip", exc.title, str(exc), {"step": step}) for c in checks])
             return Failed(step, str(exc), exception=exc, checks=checks, skipped=True)
+        except contract.ContractViolation:
+            raise  # strict mode: a probe's own result broke the contract
         except Exception as exc:  # noqa: BLE001 - a crashing probe is an error finding, not a dead notebook
-            self.add(*(Finding.from_exception(c, exc) for c in checks))
+            self._record(step, declared, [Finding.from_exception(c, exc) for c in checks])
             if self.interactive:  # where IPython's %debug and %tb look for the last exception
                 sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
                 sys.last_exc = exc
             return Failed(step, f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))[-6000:],
                           exception=exc, checks=checks)
-        findings = result.findings() if hasattr(result, "findings") else []
-        self.add(*findings)
+        try:
+            findings = result.findings() if hasattr(result, "findings") else []
+        except contract.ContractViolation:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a result that cannot judge its evidence: an error, as a crash is
+            self._record(step, declared, [Finding.from_exception(c, exc) for c in checks])
+            return Failed(step, f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))[-6000:],
+                          exception=exc, checks=checks)
+        if declared is None and findings:
+            self._record(step, None, list(findings))
+        elif declared:
+            self._record(step, declared, list(findings))
         return result
 
     def _changed(self) -> None:

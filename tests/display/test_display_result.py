@@ -21,7 +21,7 @@ class CountingResult(ProbeResult):
 
 
 def test_findings_are_computed_once_and_callers_get_their_own_list():
-    result = CountingResult("warn")
+    result = CountingResult("info")
     first = result.findings()
     first.append("changed by a caller")
     assert len(result.findings()) == 1 and len(result.calls) == 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from workbench import contract
 from workbench.display.findings_view import findings_block
 from workbench.display.nodes import Display, Node
 from workbench.findings import Finding
@@ -52,6 +53,8 @@ def _cached_findings(compute):
         cache = self.__dict__.get("_findings_cache")
         if cache is None:
             cache = compute(self)
+            contract.enforce(type(self).__name__, contract.result_problems(cache))  # strict mode: at the source
+            contract.log_verdicts(cache)
             self.__dict__["_findings_cache"] = cache
         return list(cache)
 

@@ -133,10 +133,13 @@ def quantized_census_probe(target, loaded: DtypeCensus | None = None, static: Ch
     return QuantizedCensusResult(predictions, reals, pd.DataFrame(rows).fillna(""))
 
 
-def with_loaded_row(quantized: QuantizedCensusResult, loaded: DtypeCensus) -> QuantizedCensusResult:
+def with_loaded_row(quantized: QuantizedCensusResult, loaded: DtypeCensus | None) -> QuantizedCensusResult:
     """The comparison table with the loaded model's row, once the model is loaded (after the real quantized
-    loads, so that no two copies are ever resident)."""
+    loads, so that no two copies are ever resident); without it (the set-up could not load the model) as it is."""
     import pandas as pd
+
+    if loaded is None:
+        return quantized
 
     row = {"scenario": loaded.label, **_summaries(loaded.dtypes_by_component(), loaded.tied)}
     headers = quantized.comparison[quantized.comparison["scenario"].str.startswith("checkpoint headers")]

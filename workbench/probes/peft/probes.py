@@ -176,8 +176,9 @@ def peft_attribute_probe(target) -> AttributeResult:
 
 
 def with_setup_attributes(report: AttributeResult, prepared, target) -> AttributeResult:
-    """The chain's report plus a column for what the user's own set-up hands the Trainer."""
-    if target.setup in ("plain", "qlora"):
+    """The chain's report plus a column for what the user's own set-up hands the Trainer (`prepared` None: the set-up
+    could not prepare the model, and the checks that need it say so)."""
+    if target.setup in ("plain", "qlora") or prepared is None:
         return report
     return AttributeResult([*report.snapshots, snapshot(f"your set-up ({target.setup})", prepared.model)],
                            report.skipped)

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from workbench.display.result import ProbeResult
-from workbench.findings import Finding
+from workbench.findings import Finding, combine_findings
 from workbench.probes.run.evaluation import judge_eval
 from workbench.probes.run.gradients import judge_gradients
 from workbench.probes.run.loss import judge_loss
@@ -62,7 +62,10 @@ def judge_run(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[Ma
         found, marked = judge(log, facts)
         findings += found
         marks += marked
-    return findings, marks
+    by_check: dict[str, list[Finding]] = {}
+    for f in findings:
+        by_check.setdefault(f.id, []).append(f)
+    return [combine_findings(found) for found in by_check.values()], marks  # one answer per check
 
 
 def training_log_probe(run_dir: Path, target) -> TrainingLogResult:

@@ -29,7 +29,7 @@ import torch
 from workbench.display.findings_view import figure
 from workbench.display.nodes import Display, Paragraph, Table
 from workbench.display.result import ProbeResult
-from workbench.findings import Finding
+from workbench.findings import Finding, combine_findings
 from workbench.model.batch import target_inputs
 from workbench.model.components import unwrap_model
 from workbench.probes.train.fp16_headroom import (
@@ -77,11 +77,10 @@ class Fp16Result(ProbeResult):
 
     def findings(self) -> list[Finding]:
         evidence = self._evidence()
-        found: list[Finding] = []
+        judged = [self._headroom_finding(evidence)]
         if self.fp16_trainable:
-            found.append(self._trainable_finding(evidence))
-        found.append(self._headroom_finding(evidence))
-        return found
+            judged.insert(0, self._trainable_finding(evidence))
+        return [combine_findings(judged)]  # one answer: the worse of the two judgements leads
 
     def _trainable_finding(self, evidence: dict[str, Any]) -> Finding:
         names = self.fp16_trainable
