@@ -419,12 +419,14 @@ CHECKS: tuple[Check, ...] = (
           "info": "the rest get none by this batch's or the model's own design, each cause named: not read by this "
                   "batch (global attention, image newline, an unpicked expert, a vision LoRA on a text-only batch), "
                   "read only into a top-k/argmax choice (router and indexer biases), computed without grad by the "
-                  "library (sinusoidal tables), or a loss that does not move with them (a zero-initialized gate)",
+                  "library (sinusoidal tables), or a loss that does not move with them (a zero-initialized gate); or "
+                  "some are offloaded by a cpu/disk device map (their gradient lands on accelerate's temporary copy: "
+                  "named, not judged)",
           "fail": "trainable tensors get none, or 4-bit layers were handed over packed for CPU inference; the cause "
                   "named: reentrant checkpointing (also of a tower whose input needs no grad, trl #835), code that "
                   "detaches them (its file:line), a backward that drops a gradient the loss depends on",
           "error": "the step itself crashed",
-          "skip": "nothing trainable"}),
+          "skip": "nothing trainable, or every trainable tensor offloaded (cpu/disk device map)"}),
     _c("forward.mixed_precision_buffers", "04_forward_checks",
        "With FSDP-style mixed precision (parameters cast, buffers not), does a buffer promote activations?",
        "FSDP `MixedPrecisionPolicy` simulated: floating parameters cast to the compute dtype, buffers left alone, "
@@ -654,8 +656,9 @@ CHECKS: tuple[Check, ...] = (
     _c("train.loss_accumulation", "09_training_step",
        "Does gradient accumulation change the loss the Trainer optimises: equal, inflated ×k, or not token-weighted?",
        "the real Trainer (the class your set-up returned, else `transformers.Trainer`) runs one step twice with "
-       "`learning_rate=0` on your model class — your model when ≤ 5M parameter elements, else a tiny twin (the same "
-       "class from your config, shrunk; a VLM on text rows) — on the same rows: A = batch b·k × GA 1, B = batch b × GA k (k = your "
+       "`learning_rate=0` on your model class — a copy of your model when ≤ 5M parameter elements and not offloaded "
+       "(its adapter, else every parameter, made trainable on the copy when nothing is: an adapter loaded for "
+       "inference, a frozen model), else a tiny twin (the same class from your config, shrunk; a VLM on text rows) — on the same rows: A = batch b·k × GA 1, B = batch b × GA k (k = your "
        "`gradient_accumulation_steps`, 4 when it is 1); the logged `loss` and `grad_norm` of B over A. ≈ k: forward "
        "takes `**kwargs` (the Trainer passes `num_items_in_batch` and skips its division by GA) but never hands them "
        "to its loss (transformers #47688: sequence/token-classification heads); neither 1 nor k: micro-batch means "

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from workbench.model.bnb_cpu_layout import keep_training_layout
+from workbench.model.declared_quantization import raise_if_declared_quantization_unapplied
 from workbench.model.dtypes import compute_dtype_of
 from workbench.model.forward import labels_how, run_forward, with_labels
 from workbench.model.inputs import candidate_inputs
@@ -104,6 +105,7 @@ def accepted_batch(model: nn.Module, target) -> AcceptedBatch:
             continue
         _ACCEPTED.setdefault(model, {})[inputs_file] = batch
         return batch
+    raise_if_declared_quantization_unapplied(model)  # the cause of every rejection, named (declared_quantization)
     raise BatchNotAccepted(rejected)
 
 

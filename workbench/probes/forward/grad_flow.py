@@ -34,6 +34,7 @@ from workbench.model.dtypes import compute_dtype_of
 from workbench.model.forward import autocast as autocast_in
 from workbench.model.forward import device_type_of
 from workbench.model.heads import loss_of
+from workbench.model.offload import offload_sentence, offloaded_parameters
 from workbench.probes.forward.gradient_causes import BENIGN, cause_of_cut, library_source, tower_of
 from workbench.probes.forward.loss_dependence import loss_response, zero_factors_blocking
 from workbench.probes.forward.loss_reach import LossReachTracer, trainable_names
@@ -76,6 +77,8 @@ class GradFlowResult(ProbeResult):
     packed_for_inference: list[str] = dataclasses.field(default_factory=list)  # 4-bit layers handed over packed
     layout_note: str | None = None  # set when bitsandbytes' CPU inference repack was held back for the diagnosis
     zero_factors: list[str] = dataclasses.field(default_factory=list)  # all-zero tensors shown to block gradients
+    offloaded: list[str] = dataclasses.field(default_factory=list)  # trainable tensors accelerate holds offloaded:
+    #                                                                  not judged (model/offload.py)
 
     def to_frame(self):
         import pandas as pd
@@ -147,6 +150,9 @@ class GradFlowResult(ProbeResult):
             evidence["backward_kernels"] = self.backward_kernels
         if self.layout_note:
             evidence["bitsandbytes_cpu_layout"] = self.layout_note
+        if self.offloaded:
+            evidence["offloaded_not_judged"] = self.offloaded[:40]
+            evidence["offloaded_count"] = len(self.offloaded)
         if self.packed_for_inference and not self.error:
             return [self._packed_finding(evidence)]
         if self.error:
@@ -157,6 +163,15 @@ class GradFlowResult(ProbeResult):
                             f"{self.error}" + (f" — cause: {cause}." if known else ""), evidence,
                             fix if known else "Read the exception; fix the model or the inputs.")]
         trainable = len(self.rows)
+        if not trainable and self.offloaded:
+            return [Finding("grad.flow", "skip", "Every trainable tensor is offloaded: no gradient can be read",
+                            f"{offload_sentence(self.offloaded)}. accelerate runs each offloaded module on a "
+                            "temporary copy of its weights loaded for that forward, so a backward's gradient lands "
+                            "on the copy and never on the parameter: whether gradients flow cannot be read here. "
+                            f"Loss {self.loss:.4f} (the forward and backward ran).", evidence,
+                            "To check gradient flow, diagnose the model loaded as you train it, without cpu/disk "
+                            "offload (a device_map on GPUs only, more --max-memory, or 4-bit): gradients of offloaded "
+                            "weights never reach their parameters.")]
         if not trainable:
             return [Finding("grad.flow", "skip", "No trainable tensor",
                             "Nothing is trainable in this set-up, so no training step was run (the plain set-up "
@@ -172,11 +187,14 @@ class GradFlowResult(ProbeResult):
                             + ", ".join(f"{k}: {v}" for k, v in self.summary().items()) + f". Cause: {cause}.",
                             evidence, fix)]
         off_path = sum(len(rows) for cause, rows in grouped.items() if cause != "lora_b_zero")
-        title = (f"All {trainable} trainable tensors receive a gradient" if not off_path else
+        offloaded = (f". Not judged: {offload_sentence(self.offloaded)}; their gradient lands on the temporary "
+                     "copy accelerate loads for each forward, never on the parameter" if self.offloaded else "")
+        title = (f"All {trainable} trainable tensors receive a gradient" if not off_path and not self.offloaded else
+                 f"All {trainable} trainable tensors not offloaded receive a gradient" if not off_path else
                  f"All {trainable - off_path} trainable tensors on this batch's loss path receive a gradient")
-        return [Finding("grad.flow", "info" if off_path else "pass", title,
+        return [Finding("grad.flow", "info" if off_path or self.offloaded else "pass", title,
                         f"loss {self.loss:.4f}" + "".join(self._explain(cause, rows) for cause, rows in grouped.items())
-                        + (f". Inputs: {self.inputs_how}" if self.inputs_how else ""), evidence)]
+                        + offloaded + (f". Inputs: {self.inputs_how}" if self.inputs_how else ""), evidence)]
 
     def _explain(self, cause: str, rows: list[GradRow]) -> str:
         first = rows[0]
@@ -276,8 +294,10 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
     has_pixels = any(k.startswith(("pixel_values", "image")) for k in inputs)
     rows: list[GradRow] = []
     zero_factors: list[str] = []
+    offloaded = offloaded_parameters(model)
+    trainable_set = {n for n, p in model.named_parameters() if p.requires_grad}
     if error is None:
-        rows = _classified_rows(model, seen, reach, classifier, has_pixels)
+        rows = _classified_rows(model, seen, reach, classifier, has_pixels, skip=set(offloaded))
         try:
             zero_factors = _explain_zero_gradients(model, rows, inputs, autocast)
         except Exception:  # noqa: BLE001 - a forward the step ran once should run again; if not, stay unexplained
@@ -287,14 +307,17 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
     return GradFlowResult(rows, loss_value, error, checkpointing_state(model), has_pixels, how,
                           [r.name for r in rows if r.cause == "not_read"],
                           [r.name for r in rows if r.cause == "no_image"],
-                          describe(promoted), packed, held_layout_note(model), zero_factors)
+                          describe(promoted), packed, held_layout_note(model), zero_factors,
+                          [normalize_name(n) for n in offloaded if n in trainable_set])
 
 
-def _classified_rows(model: nn.Module, seen: dict, reach, classifier, has_pixels: bool) -> list[GradRow]:
+def _classified_rows(model: nn.Module, seen: dict, reach, classifier, has_pixels: bool,
+                     skip: set[str] = frozenset()) -> list[GradRow]:
+    """One row per trainable tensor, less those in `skip` (offloaded: their gradient cannot be read)."""
     owners = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
     rows = []
     for name, p in model.named_parameters():
-        if not p.requires_grad:
+        if not p.requires_grad or name in skip:
             continue
         status, norm = seen.get(name, ("none", None))
         row = GradRow(normalize_name(name), classifier.component_of(name), _role(name), status, norm)

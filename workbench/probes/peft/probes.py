@@ -20,6 +20,7 @@ from torch import nn
 from workbench.display.nodes import Bullets, Display, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
+from workbench.model.declared_quantization import raise_if_declared_quantization_unapplied
 from workbench.model.loading import load_pretrained
 from workbench.model.setups import add_fresh_lora, prepare_for_kbit_training
 
@@ -155,6 +156,7 @@ def peft_attribute_probe(target) -> AttributeResult:
     load = dict(quant=target.quant, device_map=target.device_map, max_memory=target.max_memory,
                 trust_remote_code=target.trust_remote_code)
     model = load_pretrained(target.model_dir, **load)
+    raise_if_declared_quantization_unapplied(model)  # PEFT would raise "compress_statistics" on these layers
     snaps = [snapshot("raw model", model)]
     if target.quant != "none":
         model = prepare_for_kbit_training(model)  # as the qlora set-up prepares it

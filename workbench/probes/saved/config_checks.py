@@ -192,8 +192,11 @@ class QuantizationConfigResult(ProbeResult):
             return [Finding(QUANT, "fail", f"config.json declares {self.method}, the weights are "
                             f"{'/'.join(sorted(sixteen)) or 'not quantized'}",
                             "A merged 16-bit model saved with the quantization_config of the 4-bit base it was "
-                            "trained on: loading quantizes it again on the fly (or refuses), and the model served "
-                            "is not the one you merged (unsloth #1601).", evidence,
+                            "trained on (unsloth #1601). transformers 5.x loads it as a pre-quantized save without "
+                            "quantizing it: its bitsandbytes layers hold the 16-bit weights with no quant state, the "
+                            "first forward raises a bare AssertionError in bitsandbytes and a LoRA on them \"no "
+                            "attribute 'compress_statistics'\"; older releases quantize it again on the fly, so the "
+                            "model served is not the one you merged.", evidence,
                             "Delete `quantization_config` from config.json (or `del model.config.quantization_config`"
                             " before `save_pretrained`), so it loads as the 16-bit model it is.")]
         if not self.declared and self.quantized_tensors:

@@ -10,9 +10,12 @@ GA k. The logged `loss` and `grad_norm` of B against A:
   `GenericForSequenceClassification` / `GenericForTokenClassification`);
 - anything else: a mean of micro-batch means, not token-weighted (`accepts_loss_kwargs = False`, #37766).
 
-The model is the user's own when it is small (a copy, in fp32), else a tiny twin: the same class from the same
-config, every size shrunk (`workbench.architectures.tiny_config.shrunk_fields`); an `accepts_loss_kwargs` the user
-set on the model is carried over, so the fix is measured too. Rows: fixed length, no padding; the label tokens
+The model is the user's own when it is small and not offloaded (a copy, in fp32), else a tiny twin: the same class
+from the same config, every size shrunk (`workbench.architectures.tiny_config.shrunk_fields`); an
+`accepts_loss_kwargs` the user set on the model is carried over, so the fix is measured too. An offloaded model
+(meta tensors, which accelerate refuses to move) always runs as its twin. A copy with nothing trainable (an adapter
+loaded for inference, a frozen model) gets its adapter, else every parameter, made trainable: the Trainer's step
+ends in a backward, and the loss it logs does not depend on which parameters train. Rows: fixed length, no padding; the label tokens
 masked (-100) in a different number per row, so micro-batches hold different numbers of supervised tokens.
 """
 
@@ -205,20 +208,55 @@ def tiny_twin(model):
 
 def _model_for_runs(model) -> tuple[Any, str]:
     from workbench.model.components import unwrap_model
+    from workbench.model.offload import offload_sentence, offloaded_parameters
 
     inner, _ = unwrap_model(model)
     elements = sum(p.numel() for p in model.parameters())
     quantized = any(getattr(inner, a, False) for a in ("is_loaded_in_4bit", "is_loaded_in_8bit", "is_quantized"))
-    if elements <= REAL_MODEL_MAX_ELEMENTS and not quantized:
+    offloaded = offloaded_parameters(model)
+    if elements <= REAL_MODEL_MAX_ELEMENTS and not quantized and not offloaded:
         runner = copy.deepcopy(model).float()
-        return runner, f"your {type(inner).__name__} (a copy in fp32)"
+        source = f"your {type(inner).__name__} (a copy in fp32)"
+        made = trainable_for_the_comparison(runner)
+        if made:
+            source += f", {made}"
+        return runner, source
     twin = tiny_twin(inner)
     if "accepts_loss_kwargs" in vars(inner):
         twin.accepts_loss_kwargs = inner.accepts_loss_kwargs
     text = twin.config.get_text_config() if hasattr(twin.config, "get_text_config") else twin.config
     size = sum(p.numel() for p in twin.parameters())
+    # an offloaded model holds meta tensors where its weights are, and accelerate refuses to move it (the Trainer's
+    # accelerator.prepare does): its copy cannot train, so the twin runs whatever the model's size
+    why = (f"; {offload_sentence(offloaded)}: the Trainer cannot move or copy it, and the accumulation arithmetic "
+           "does not depend on the weights" if offloaded and elements <= REAL_MODEL_MAX_ELEMENTS and not quantized
+           else "")
     return twin, (f"a tiny twin of your {type(inner).__name__} (the same class from your config shrunk: "
-                  f"{getattr(text, 'num_hidden_layers', None) or 'its'} layers, {size:,} parameter elements)")
+                  f"{getattr(text, 'num_hidden_layers', None) or 'its'} layers, {size:,} parameter elements{why})")
+
+
+def trainable_for_the_comparison(runner) -> str | None:
+    """Make the copy trainable when nothing in it is (an adapter loaded for inference by the plain set-up, a frozen
+    model): the Trainer's step ends in a backward, which raises "element 0 of tensors does not require grad"
+    otherwise. The loss the Trainer logs, and how it accumulates, do not depend on which parameters train; the
+    copy's active adapter is made trainable as `PeftModel.from_pretrained(..., is_trainable=True)` makes it (what
+    training that adapter does), else every floating parameter (a full fine-tune). Returns what was done, None when
+    the copy already had trainable parameters. Only the copy changes: the user's model is left as it is."""
+    if any(p.requires_grad for p in runner.parameters()):
+        return None
+    if hasattr(runner, "peft_config") and hasattr(getattr(runner, "base_model", None), "set_adapter"):
+        try:
+            runner.base_model.set_adapter(runner.active_adapters, inference_mode=False)
+        except (AttributeError, TypeError, ValueError):
+            pass
+        if any(p.requires_grad for p in runner.parameters()):
+            return ("its adapter made trainable for the comparison as is_trainable=True loads it (nothing in the "
+                    "model as prepared is trainable: an adapter loaded for inference)")
+    for p in runner.parameters():
+        if p.is_floating_point():
+            p.requires_grad_(True)
+    return ("every parameter made trainable for the comparison (nothing in the model as prepared is trainable; the "
+            "loss the Trainer logs does not depend on which parameters train)")
 
 
 def without_dropout(model) -> int:
