@@ -424,7 +424,10 @@ CHECKS: tuple[Check, ...] = (
                   "named, not judged)",
           "fail": "trainable tensors get none, or 4-bit layers were handed over packed for CPU inference; the cause "
                   "named: reentrant checkpointing (also of a tower whose input needs no grad, trl #835), code that "
-                  "detaches them (its file:line), a backward that drops a gradient the loss depends on",
+                  "detaches them (its file:line), a backward that drops a gradient the loss depends on; or the step "
+                  "raises in the model's own transformers code on any batch, a known incompatibility of the stack "
+                  "(the raising file:line read from the traceback, the versions, the condition; the same step "
+                  "without autocast run once to check the fix)",
           "error": "the step itself crashed",
           "skip": "nothing trainable, or every trainable tensor offloaded (cpu/disk device map)"}),
     _c("forward.mixed_precision_buffers", "04_forward_checks",

@@ -7,6 +7,8 @@ the release it was seen on, the source line and the upstream issue.
 from __future__ import annotations
 
 KNOWN: dict[tuple[str, str], str] = {
+    # grad.flow reports this crash from its row in workbench/probes/forward/known_crashes.py (the message and the
+    # raising frame matched against the live traceback): a fail naming this cause, not an error
     ("deberta-v2", "qlora"): (
         "a real incompatibility (transformers 5.23, bitsandbytes 0.50.2): under bf16 autocast DeBERTa-v2's "
         "DisentangledSelfAttention fills the bf16 attention scores with torch.finfo(query_layer.dtype).min "

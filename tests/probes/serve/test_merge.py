@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from tests.probes.serve.conftest import save_adapter, target_for, tiny_llama
@@ -50,3 +51,26 @@ def test_lora_on_the_tied_head_changes_the_embeddings_when_merged(bases, tmp_pat
 def test_no_adapter_is_skipped(bases):
     result = serve_merge_probe(SimpleNamespace(model=tiny_llama()), target_for(bases["untied"], None))
     assert result.findings()[0].verdict == "skip"
+
+
+@pytest.mark.slow
+def test_whisper_under_qlora_merges_on_its_decoder_inputs_not_an_error(tmp_path):
+    """A speech encoder-decoder's batch without labels holds no decoder input (input_features only): the merge is
+    compared on the batch proven to run, whose labels give the decoder its inputs."""
+    from workbench.architectures.checkpoints import build_tiny_checkpoint
+    from workbench.architectures.model_types import architectures
+    from workbench.model.batch import target_inputs
+    from workbench.model.setups import prepare_model
+    from workbench.model.target import resolve_target
+
+    folder = build_tiny_checkpoint(next(a for a in architectures() if a.model_type == "whisper"), tmp_path)
+    target = resolve_target(str(folder), setup="qlora", quant="4bit")
+    prepared = prepare_model(target)
+    # the batch is built (and its baseline forward run) by the diagnosis's earlier probes, as in a report
+    target_inputs(prepared.model, target)
+    before = model_fingerprint(prepared.model)
+    result = serve_merge_probe(prepared, target)
+    found = result.findings()[0]
+    assert found.verdict == "pass", (found.verdict, found.detail[:300])
+    assert "input_features" in result.batch and result.quantized_4bit and result.merged_layers > 0
+    assert model_fingerprint(prepared.model) == before

@@ -14,6 +14,7 @@ import re
 from collections import Counter
 from typing import Any
 
+import torch
 from torch import nn
 
 from workbench.display.nodes import Details, Display, Table
@@ -36,6 +37,7 @@ from workbench.model.forward import device_type_of
 from workbench.model.heads import loss_of
 from workbench.model.offload import offload_sentence, offloaded_parameters
 from workbench.probes.forward.gradient_causes import BENIGN, cause_of_cut, library_source, tower_of
+from workbench.probes.forward.known_crashes import known_crash, raising_frame
 from workbench.probes.forward.loss_dependence import loss_response, zero_factors_blocking
 from workbench.probes.forward.loss_reach import LossReachTracer, trainable_names
 
@@ -79,6 +81,9 @@ class GradFlowResult(ProbeResult):
     zero_factors: list[str] = dataclasses.field(default_factory=list)  # all-zero tensors shown to block gradients
     offloaded: list[str] = dataclasses.field(default_factory=list)  # trainable tensors accelerate holds offloaded:
     #                                                                  not judged (model/offload.py)
+    # the step's crash matched a row of known_crashes.KNOWN_CRASHES: the model's own code raises it for any batch
+    known_crash: dict[str, Any] | None = None
+    raised_at: str | None = None  # where an unmatched crash was raised (innermost transformers frame), file:line
 
     def to_frame(self):
         import pandas as pd
@@ -155,7 +160,11 @@ class GradFlowResult(ProbeResult):
             evidence["offloaded_count"] = len(self.offloaded)
         if self.packed_for_inference and not self.error:
             return [self._packed_finding(evidence)]
+        if self.error and self.known_crash:
+            return [self._known_crash_finding(evidence)]
         if self.error:
+            if self.raised_at:
+                evidence["raised_at"] = self.raised_at
             cause, fix = self._cause([])
             known = "does not require grad" in self.error
             return [Finding("grad.flow", "fail" if known else "error",
@@ -205,6 +214,24 @@ class GradFlowResult(ProbeResult):
                    "block them: the gradient comes once those move" if cause == "loss_independent"
                    and self.zero_factors else "")
         return f"; {len(rows)} {BENIGN[cause]} (e.g. {first.name}{where}){blocked}"
+
+    def _known_crash_finding(self, evidence: dict[str, Any]) -> Finding:
+        """The step raised in the model's own code, for a reason recorded with its source (known_crashes): a
+        user's training step under this set-up raises the same, whatever its batch."""
+        crash = self.known_crash or {}
+        installed = ", ".join(f"{k} {v}" for k, v in crash["installed"].items() if v)
+        rerun = crash.get("without_autocast")
+        checked = ("" if rerun is None else
+                   f" The same step without autocast runs (loss {rerun['loss']:.4f})." if rerun.get("loss") is not None
+                   else f" The same step without autocast raises too: {rerun['error']}.")
+        where = f" (`{crash['module']}`)" if crash.get("module") else ""
+        return Finding("grad.flow", "fail",
+                       f"The training step raises in transformers' own {crash['class']}{where}: a known "
+                       f"incompatibility of this set-up",
+                       f"{crash['exception']} at {crash['source']}: `{crash['code']}`. Cause: {crash['cause']}. "
+                       f"Raised for: {crash['condition']}. Seen on {crash['seen_on']}; installed here: {installed}; "
+                       f"{crash['reference']}.{checked}",
+                       {**evidence, "known_crash": crash}, crash["fix"])
 
     def _packed_finding(self, evidence: dict[str, Any]) -> Finding:
         names = self.packed_for_inference
@@ -257,7 +284,7 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
     was_training = model.training
     model.train()
     model.zero_grad(set_to_none=True)
-    loss_value, error, promoted = None, None, None
+    loss_value, error, promoted, crash, raised_at = None, None, None, None, None
     # read each gradient as it is accumulated, then drop it: a full fine-tune would otherwise hold a second
     # model-sized buffer of gradients just so that we can look at them
     seen: dict[str, tuple[str, float]] = {}
@@ -288,9 +315,15 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
             loss.backward()
     except Exception as exc:  # noqa: BLE001 - e.g. "element 0 of tensors does not require grad"
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        crash = known_crash(model, exc)  # the model's own code, for any batch (a user's step too), or None
+        frame = raising_frame(exc) if crash is None else None
+        raised_at = f"{frame['file']}:{frame['line']} ({frame['function']}): {frame['code']}" if frame else None
+        del exc, frame  # the traceback's frames hold the step's activations
     finally:
         for handle in handles:
             handle.remove()
+    if crash is not None and compute_dtype_of(model) in (torch.bfloat16, torch.float16):
+        crash["without_autocast"] = _step_without_autocast(model, inputs)
     has_pixels = any(k.startswith(("pixel_values", "image")) for k in inputs)
     rows: list[GradRow] = []
     zero_factors: list[str] = []
@@ -308,7 +341,22 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
                           [r.name for r in rows if r.cause == "not_read"],
                           [r.name for r in rows if r.cause == "no_image"],
                           describe(promoted), packed, held_layout_note(model), zero_factors,
-                          [normalize_name(n) for n in offloaded if n in trainable_set])
+                          [normalize_name(n) for n in offloaded if n in trainable_set], crash, raised_at)
+
+
+def _step_without_autocast(model: nn.Module, inputs: dict) -> dict[str, Any]:
+    """The same training step with no autocast (TrainingArguments(bf16=False)): {'loss': ...} when it runs, else
+    {'error': ...}. Checks the fix a known crash's row gives before the report states it."""
+    model.zero_grad(set_to_none=True)
+    try:
+        loss = loss_of(model(**inputs))
+        with fp32_half_matmul() if device_type_of(model) == "cpu" else contextlib.nullcontext():
+            loss.backward()
+        return {"loss": float(loss.detach().float())}
+    except Exception as exc:  # noqa: BLE001 - the answer is the exception
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    finally:
+        model.zero_grad(set_to_none=True)
 
 
 def _classified_rows(model: nn.Module, seen: dict, reach, classifier, has_pixels: bool,

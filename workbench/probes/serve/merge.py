@@ -149,7 +149,11 @@ def serve_merge_probe(prepared, target) -> ServeMergeResult:
     layers = _lora_layers(model)
     if not layers:
         return ServeMergeResult(skipped="The PEFT model has no LoRA layer (another PEFT method): merge not compared.")
-    inputs, how = target_inputs(model, target, labels=False)
+    # the batch proven to run, labels included: an encoder-decoder's decoder reads the decoder inputs its model
+    # makes from the labels (Whisper's shift_tokens_right, modeling_whisper.py:1106), and without labels or
+    # decoder_input_ids it has nothing to read (Whisper raises 'cannot specify both decoder_input_ids and
+    # decoder_inputs_embeds'); the logits compared are the same with or without the loss beside them
+    inputs, how = target_inputs(model, target)
     four_bit = any(type(layer.get_base_layer()).__name__ == "Linear4bit" for layer in layers)
     result = ServeMergeResult(batch=how, quantized_4bit=four_bit, tied_head=_tied_lora(model, layers),
                               base_name=str(getattr(target, "model_dir", "")),
