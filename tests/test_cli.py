@@ -34,6 +34,8 @@ def test_census_of_a_damaged_checkpoint_exits_1(demo, copy_of):
     (["diagnose", "/no/such/checkpoint"], "does not exist"),
     (["diagnose", "someorg/some-model-7b"], "hub id"),
     (["census", "/no/such/checkpoint"], "does not exist"),
+    (["diagnose", "/no/such/checkpoint", "--gpus", "0"], "--gpus 0"),
+    (["diagnose", "/no/such/checkpoint", "--serve", "ollamaa"], "--serve: unknown serving engine 'ollamaa'"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message):
     result = workbench(*args)

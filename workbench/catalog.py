@@ -76,6 +76,7 @@ class NotebookSpec:
     steps: tuple[Step, ...]
     panel: bool = True  # runs inside one process (the panel can run it); False: it launches its own processes
     trainer_output_only: bool = False  # runs only when the target is (or sits in) a Trainer output_dir; else skip
+    needs_model: bool = True  # False: reads files alone (the run autopsy), so it runs when the model cannot be found
 
     @property
     def checks(self) -> tuple[str, ...]:
@@ -200,7 +201,7 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
              ("run_dir",), reports=("run.adapter_progress",)),
         Step("versions", "the run's versions against known regressions", f"{_RUN}.versions:versions_probe",
              ("run_dir",), reports=("run.versions",)),
-    ), panel=False, trainer_output_only=True),
+    ), panel=False, trainer_output_only=True, needs_model=False),
     NotebookSpec("09_training_step", "09 · The training step as configured", "Training step", (
         _PREPARE,
         Step("configuration", "the training configuration", f"{_TRAIN}.configuration:training_configuration_probe",
@@ -376,10 +377,12 @@ CHECKS: tuple[Check, ...] = (
        "what the **installed** `transformers.Trainer` does with the model when the process sees N GPUs: "
        "`is_model_parallel`, effective `n_gpu`, whether `_wrap_model` returns `nn.DataParallel`, train batch and "
        "steps per epoch (136 → 68 on 2 GPUs); a forward in a replica thread started under autocast; the verdict of "
-       "every other release line; the fixes with their trade-offs",
+       "every other release line; the fixes with their trade-offs. Without `--gpus`, one GPU is judged and what 2 GPUs in "
+       "one process would do is observed too: a crash there is a `warn` naming that launch",
        **{"pass": "no wrap, batch as configured",
-          "warn": "wrapped but the replica forward survives, or the batch is multiplied without a wrap",
-          "fail": "wrapped and the replica forward crashes"}),
+          "warn": "wrapped but the replica forward survives, or the batch is multiplied without a wrap; or, GPUs not "
+                  "stated, 2 GPUs in one process would wrap it and the replica forward crashes",
+          "fail": "wrapped on the GPUs you stated (--gpus N) and the replica forward crashes"}),
     _c("parallel.device_map", "02_dataparallel",
        "What does device_map give (or would give on N GPUs with --max-memory): devices spanned, cpu/disk entries?",
        "the loaded `hf_device_map` (GPUs spanned, cpu/disk entries) and what `device_map=\"auto\"`/`\"balanced\"` would "
@@ -700,8 +703,10 @@ CHECKS: tuple[Check, ...] = (
        "`PeftModel` included). Notebook 06 with `--distributed 2` runs the cell on 2 gloo ranks",
        **{"pass": "no checkpointing, non-reentrant, static_graph, or find_unused_parameters=False",
           "info": "that cell, in the training callback for a run of one process: DDP wraps nothing, nothing raises",
-          "fail": "reentrant checkpointing with find_unused_parameters=True and no static_graph (three fixes, "
-                  "safest first)",
+          "warn": "that cell in a diagnosis, where the process count is not known: it raises under DDP (≥ 2 "
+                  "processes), not in one",
+          "fail": "reentrant checkpointing with find_unused_parameters=True and no static_graph, in a run the "
+                  "callback sees launched on ≥ 2 processes (three fixes, safest first)",
           "skip": "no configuration to read"}),
     _c("train.fsdp_units", "09_training_step",
        "Will FSDP refuse a unit of the wrapped model (\"Must flatten tensors with uniform dtype\" / \"… uniform "
@@ -728,10 +733,12 @@ CHECKS: tuple[Check, ...] = (
        "compensation, e.g. rsLoRA r=64 under llama.cpp's α/r: `--lora-scaled adapter.gguf:8`) or OK. The rules are "
        "data (`workbench/probes/serve/engine_rules.yaml`), each citing the engine's source file and issue; "
        "[docs/serving.md](serving.md) is generated from them. Judged over the engines you serve on (`serve_engines` "
-       "in --params; default all)",
+       "in --params or `--serve`; none named: every engine, and what holds only for an engine you may not use is a `warn`)",
        **{"pass": "every engine served on loads it and computes PEFT's update",
-          "warn": "an engine refuses it, or needs a named flag",
-          "fail": "an engine loads it and silently computes another update (the factor and the fix named)",
+          "warn": "an engine refuses it, or needs a named flag; or, with no engine named (--serve), one would "
+                  "silently compute another update (the condition named)",
+          "fail": "an engine you serve on (--serve, serve_engines) loads it and silently computes another update "
+                  "(the factor and the fix named)",
           "skip": "no adapter"}),
     _c("serve.template", "10_serving",
        "Will the engine prompt with the chat template training used?",
@@ -739,8 +746,9 @@ CHECKS: tuple[Check, ...] = (
        "(llama.cpp's converter, gguf-py `SpecialVocab`, takes the first; transformers the second), a template only "
        "the adapter's tokenizer carries, tokens added in training beyond the base's vocabulary (vLLM #28382)",
        **{"pass": "one template, the one training used",
-          "warn": "a template or added tokens an engine may not use",
-          "fail": "an engine served on will prompt with another template",
+          "warn": "a template or added tokens an engine may not use; or, with no engine named (--serve), llama.cpp "
+                  "would prompt with another template",
+          "fail": "an engine you serve on (--serve, serve_engines) will prompt with another template",
           "skip": "no chat template"}),
     _c("serve.merge", "10_serving",
        "Does merge_and_unload() give the model the adapter trained?",

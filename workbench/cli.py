@@ -30,7 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--adapter", help="a PEFT adapter folder to apply on CKPT")
     d.add_argument("--base", help="override the base an adapter CKPT records in adapter_config.json")
     d.add_argument("--quant", default=None, choices=["none", "4bit", "8bit"], help="quantization to load with")
-    d.add_argument("--gpus", default="1", help="diagnose as if the training process saw N GPUs (default 1)")
+    d.add_argument("--gpus", default=None,
+                   help="diagnose as if the training process saw N GPUs (default: not stated — judged on one, and "
+                        "what more GPUs in one process would do is a warn naming that condition)")
+    d.add_argument("--serve", nargs="+", metavar="ENGINE",
+                   help="the engines you serve the adapter on (vllm, llama.cpp, tgi, sglang; notebook 10): their "
+                        "defects are fails (default: every engine judged, a defect of one is a warn)")
     d.add_argument("--setup", help="plain | qlora | sft | module:function (your own model factory)")
     d.add_argument("--params", help="a YAML parameters file (see parameters/defaults.yaml)")
     d.add_argument("--device-map", help="device_map for loading: auto, balanced, cpu, N or JSON")
@@ -145,6 +150,7 @@ def cmd_census(args) -> int:
 
     target = resolve_target(args.checkpoint, trust_remote_code=args.trust_remote_code, headers_only=True,
                             hub=_hub_mode(args))
+    target.require_model()
     result = checkpoint_probe(target)
     finding = result.findings()[0]
     rows = [row for census in result.censuses for row in census.rows]
@@ -196,6 +202,9 @@ def cmd_diagnose(args) -> int:
         raise UsageError(f"--cell-timeout {args.cell_timeout}: use a number of seconds, 1 or more")
     if args.jobs < 0:
         raise UsageError(f"--jobs {args.jobs}: use 1 or more (0 chooses by cores and memory)")
+    if args.gpus is not None and args.gpus.strip() == "0":
+        raise UsageError("--gpus 0: the training process must see at least 1 GPU to diagnose; use 1 or more (leave "
+                         "--gpus out when you do not want to say)")
     if args.distributed == 1 or not 0 <= args.distributed <= 64:
         raise UsageError(f"--distributed {args.distributed}: use a number of ranks from 2 to 64 (0: not run)")
     check_reports_dir(Path(args.reports_dir))
@@ -238,6 +247,14 @@ def _diagnosis_target(args):
         if not demo_recipes_ready():
             print("notebook 05 first trains the demo's recipes (once, about 2.5 min on 2 cores)")
     params = json.loads(options["params_json"])
+    if args.serve:
+        from workbench.probes.serve.engine_rules import engine_rules
+
+        try:
+            engine_rules().resolve(args.serve)  # an unknown engine: exit 2 now, naming the known ones
+        except ValueError as exc:
+            raise UsageError(f"--serve: {exc}") from None
+        params["serve_engines"] = list(args.serve)
     if args.recipes:
         from workbench.probes.evaluation.recipes import read_recipes
 

@@ -18,6 +18,7 @@ check's answer becomes an `error` finding naming the step and carrying what the 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -139,3 +140,18 @@ def coverage_gaps(produced: set[tuple[str, str]]) -> tuple[list[str], list[str]]
     undeclared = sorted(f"{c}: {v}" for c, v in produced
                         if (allowed := allowed_verdicts(c)) is not None and v not in allowed)
     return missing, undeclared
+
+
+def notebook_answers(notebook: str, declared: Iterable[str], findings: list[Finding], stopped: str) -> list[Finding]:
+    """A notebook's findings as a report keeps them: one per check. A declared check the notebook never answered
+    gets an `error` (`stopped`: why, e.g. the cell it died in); a check answered twice, or with a verdict it does not
+    declare (a sidecar no recorder wrote, a notebook of your own), gets the broken-contract `error`."""
+    problems = result_problems(findings)
+    answers = [f for f in findings if f.id not in problems]
+    answers += [broken_contract_finding(check_id, notebook, why, findings) for check_id, why in problems.items()]
+    seen = {f.id for f in answers}
+    answers += [Finding(check_id, "error", f"{check_id} was not reported", f"{notebook} stopped before this check: "
+                        f"{stopped}", {"notebook_error": stopped}, "Open the notebook's HTML to see the failing cell; "
+                        "fix the input or report the bug.")
+                for check_id in declared if check_id not in seen]
+    return [dataclasses.replace(f, notebook=notebook) for f in answers]

@@ -21,7 +21,7 @@ from workbench.catalog import NotebookSpec, notebook
 from workbench.display.result import Displayable
 
 TARGET_OPTIONS: dict[str, Any] = {
-    "checkpoint": "", "adapter": "", "base": "", "quant": "none", "gpus": 1, "setup": "plain", "device_map": "",
+    "checkpoint": "", "adapter": "", "base": "", "quant": "none", "gpus": 0, "setup": "plain", "device_map": "",
     "max_memory": "", "dtype": "auto", "params_json": "{}", "trust_remote_code": False, "allow_pickle": False,
     "data": "", "training_args": "",
 }
@@ -149,6 +149,8 @@ def open_notebook(name: str, parameters: Mapping[str, Any] | None = None, **opti
     recorder = FindingsRecorder(values["findings_path"] or f"findings.{name}.json", notebook=name,
                                 interactive=not os.environ.get("WORKBENCH_BATCH"))
     target = resolve_target(**{k: values[k] for k in TARGET_OPTIONS})
+    if spec.needs_model:
+        target.require_model()
     return NotebookSession(spec, target, recorder, values)
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from tiny_runs import losses, sft_trainer_for, tiny_checkpoint, trainer_for, vlm_trainer_for
+from tiny_runs import losses, saved_head_lora, sft_trainer_for, tiny_checkpoint, trainer_for, vlm_trainer_for
 from transformers import TrainerCallback
 
 from workbench.integrations import WorkbenchCallback, WorkbenchStop
@@ -96,6 +96,24 @@ def test_a_trainable_tensor_cut_from_the_loss_stops_training(checkpoint, tmp_pat
     grad = next(f for f in report["findings"] if f["id"] == "grad.flow")
     assert "first_batch.safetensors" in grad["evidence"]["inputs"]  # your collator's first batch
     assert verdicts(report)["data.labels"] == "pass"  # the healthy twin of the masked run's data
+
+
+def test_a_trainable_fp16_copy_under_fp16_stops_training_and_its_fp32_twin_trains(checkpoint, tmp_path):
+    """train.fp16 judges two things (a trainable fp16 tensor, the headroom): its one answer is the worse, so the
+    fp16 modules_to_save copy GradScaler refuses stops the run even where the headroom is fine."""
+    callback = WorkbenchCallback(raise_on="fail")
+    trainer = trainer_for(checkpoint, tmp_path / "out", [callback], fp16=True, prepare=saved_head_lora)
+    with pytest.raises(WorkbenchStop, match="train.fp16 FAIL"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    [fp16] = [f for f in report_of(callback)["findings"] if f["id"] == "train.fp16"]  # answered once
+    assert fp16["verdict"] == "fail" and "lm_head.modules_to_save.default.weight" in fp16["detail"]
+    assert "Also (" in fp16["detail"] and fp16["evidence"]["also"]  # the headroom reading kept beside it
+    twin = WorkbenchCallback(raise_on="fail")
+    fixed = trainer_for(checkpoint, tmp_path / "twin", [twin], fp16=True, max_steps=1,
+                        prepare=lambda model: saved_head_lora(model, half=False))
+    fixed.train()
+    assert fixed.state.global_step == 1 and verdicts(report_of(twin))["train.fp16"] == "pass"
 
 
 def test_reentrant_checkpointing_in_one_process_trains_on_with_the_ddp_hazard_as_information(checkpoint, tmp_path):

@@ -59,8 +59,18 @@ def reentrant_lora(model):
     return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
 
 
+def saved_head_lora(model, *, half: bool = True):
+    """A LoRA whose modules_to_save copies lm_head, on the model in fp16 (`half`): PEFT copies the head in the
+    base's dtype, fp16 and trainable (peft #341), which GradScaler refuses under fp16=True. `half=False`: the same
+    adapter on the fp32 model, whose copy is fp32 (the healthy twin)."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model.half() if half else model, LoraConfig(
+        r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"], task_type="CAUSAL_LM"))
+
+
 def trainer_for(checkpoint: Path, output_dir: Path, callbacks=(), *, masked: bool = False, max_steps: int = 3,
-                reentrant: bool = False, **arguments):
+                reentrant: bool = False, prepare=None, **arguments):
     from transformers import (
         AutoModelForCausalLM,
         AutoTokenizer,
@@ -73,6 +83,8 @@ def trainer_for(checkpoint: Path, output_dir: Path, callbacks=(), *, masked: boo
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     if reentrant:
         model = reentrant_lora(model)
+    if prepare is not None:
+        model = prepare(model)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
     args = TrainingArguments(output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=max_steps,
                              logging_steps=1, learning_rate=1e-3, report_to=[], disable_tqdm=True, seed=0,

@@ -50,10 +50,19 @@ def test_unknown_architecture(demo, copy_of, edit_json):
         resolve_target(str(folder))
 
 
-@pytest.mark.parametrize("gpus", [0, -1, "two", 1000])
+@pytest.mark.parametrize("gpus", [-1, "two", 1000])
 def test_gpu_count_must_be_positive(demo, gpus):
     with pytest.raises(UsageError, match="--gpus"):
         resolve_target(str(demo.llama), gpus=gpus)
+
+
+@pytest.mark.parametrize("gpus", [None, "", 0])
+def test_gpus_not_given_is_not_stated_and_round_trips(demo, gpus):
+    target = resolve_target(str(demo.llama), gpus=gpus)  # 0: the notebook contract's "not stated"
+    assert target.gpus == 1 and not target.gpus_stated and target.as_contract()["gpus"] is None
+    assert resolve_target(**target.options()) == target
+    stated = resolve_target(str(demo.llama), gpus=1)
+    assert stated.gpus_stated and stated.as_contract()["gpus"] == 1 and stated != target
 
 
 def test_max_memory_format():

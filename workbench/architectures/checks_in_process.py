@@ -4,8 +4,8 @@
 
 Each notebook is opened with `open_notebook` and its steps run in the catalog's order through the same
 `NotebookSession.run` the notebooks call, so a probe's crash is an `error` on its checks and a declared check the
-notebook never reported is an `error` too (as the report runner makes it). One process runs many checkpoints:
-the shared model is freed between them (`workbench.model.shared.reset`).
+notebook never reported is an `error` too (`workbench.contract.notebook_answers`, as the report runner makes it).
+One process runs many checkpoints: the shared model is freed between them (`workbench.model.shared.reset`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def model_level_findings(folder: str | Path, setup: str = "plain",
                          notebooks: tuple[str, ...] = MODEL_LEVEL_NOTEBOOKS) -> list[Finding]:
     """The findings of notebooks 00–04 on `folder` under `setup` (no report written; sidecars in a temp dir)."""
     from workbench.catalog import notebook as notebook_spec
+    from workbench.contract import notebook_answers
     from workbench.model import shared
     from workbench.notebook import open_notebook
 
@@ -35,11 +36,8 @@ def model_level_findings(folder: str | Path, setup: str = "plain",
                                    findings_path=str(Path(scratch) / f"{name}.json"))
                 for step in notebook_spec(name).steps:
                     nb.run(step.name)
-                reported = {f.id for f in nb.recorder.findings}
-                missing = [Finding(c, "error", f"{c} was never reported", f"notebook {name} ran every step and "
-                                   f"reported no finding for {c}", {"notebook": name}, "", notebook=name)
-                           for c in notebook_spec(name).checks if c not in reported]
-                findings += [*nb.recorder.findings, *missing]
+                findings += notebook_answers(name, notebook_spec(name).checks, nb.recorder.findings,
+                                             "it ran every step and reported no finding for it")
     finally:
         shared.reset()
     return findings

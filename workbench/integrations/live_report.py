@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
-from workbench.findings import Finding, sort_findings, write_json_atomic, write_text_atomic
+from workbench.findings import Finding, write_text_atomic
+from workbench.report.contract import NotebookRun, Report, redact_report
 
 REPORT_FOLDER = "workbench"  # under the Trainer's output_dir
 
@@ -24,11 +24,7 @@ REPORT_FOLDER = "workbench"  # under the Trainer's output_dir
 @dataclasses.dataclass
 class LiveReport:
     folder: Path
-    created: dt.datetime
-    target: dict[str, Any]
-    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:8])
-    notebooks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    findings: list[Finding] = dataclasses.field(default_factory=list)
+    report: Report  # the contract: findings.json and index.html are written from it
     pending: list = dataclasses.field(default_factory=list)  # runs whose page is not written yet
 
     @classmethod
@@ -38,11 +34,15 @@ class LiveReport:
         now = dt.datetime.now().astimezone()
         temp, final = new_report_folder(Path(output_dir) / REPORT_FOLDER, name, now)
         os.replace(temp, final)  # appended to while training runs: no half-report rename at the end
-        return cls(final, now, target)
+        return cls(final, Report.start(target, now))
 
     @property
     def index(self) -> Path:
         return self.folder / "index.html"
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.report.findings
 
     def add(self, runs) -> list[Finding]:
         """Merge each run's findings (a notebook run again replaces its earlier ones) and rewrite findings.json and
@@ -50,10 +50,8 @@ class LiveReport:
         pre-flight writes them once training has ended or stopped). Returns the findings added."""
         added: list[Finding] = []
         for run in runs:
-            self.notebooks = [n for n in self.notebooks if n["name"] != run.name] + [
-                {"name": run.name, "status": "ok", "html": f"{run.name}.html", "seconds": round(run.seconds, 2),
-                 "error": None, "kernel": "own"}]
-            self.findings = [f for f in self.findings if f.notebook != run.name] + run.findings
+            self.report.add(NotebookRun(run.name, "ok", f"{run.name}.html", round(run.seconds, 2), kernel="own"),
+                            run.findings)
             self.pending = [r for r in self.pending if r.name != run.name] + [run]
             added += run.findings
         self.write()
@@ -61,8 +59,6 @@ class LiveReport:
 
     def write_pages(self) -> None:
         """Each added run's page: its findings, then each step's result with its figures."""
-        from workbench.report.runner import redact_report
-
         pending, self.pending = self.pending, []
         for run in pending:
             write_text_atomic(self.folder / f"{run.name}.html", _page(run))
@@ -70,25 +66,14 @@ class LiveReport:
             redact_report(self.folder)
 
     def contract(self) -> dict[str, Any]:
-        from workbench.report.environment import environment_facts
-        from workbench.report.runner import SCHEMA_VERSION
-
-        return {"schema_version": SCHEMA_VERSION,
-                "run_id": f"{self.created.strftime('%Y%m%dT%H%M%S')}-{self.run_id}",
-                "created": self.created.isoformat(timespec="seconds"), "target": self.target,
-                "environment": environment_facts(), "notebooks": self.notebooks,
-                "findings": [f.to_dict() for f in sort_findings(self.findings)]}
+        return self.report.as_dict()
 
     def write(self) -> None:
         """findings.json and index.html, then `output_dir/workbench/index.html`: every callback report of this
         output_dir, newest first, as `reports/index.html` lists diagnoses."""
-        from workbench.report.index_page import render_index, write_reports_index
-        from workbench.report.runner import redact_report
+        from workbench.report.index_page import write_reports_index
 
-        report = self.contract()
-        write_json_atomic(self.folder / "findings.json", report)
-        write_text_atomic(self.index, render_index(report))
-        redact_report(self.folder)
+        self.report.write(self.folder)
         write_reports_index(self.folder.parent.parent, title="WorkbenchCallback reports of this output_dir")
 
 

@@ -175,6 +175,7 @@ def _saved_files(source: Path | None, folder: Path) -> NotebookRun:
 
     try:
         target = resolve_target(str(source))
+        target.require_model()
     except UsageError as exc:
         return _skipped(folder, spec, f"the folder the model was loaded from cannot be read as a checkpoint: {exc}")
     return _session(folder, spec.name, tuple(s.name for s in spec.steps), target, {})

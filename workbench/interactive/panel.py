@@ -82,11 +82,13 @@ class PanelSession:
         self._done: dict[str, Any] = {}
 
     @staticmethod
-    def validate(checkpoint: str, *, base: str = "", quant: str = "none", gpus: int = 1,
+    def validate(checkpoint: str, *, base: str = "", quant: str = "none", gpus: int = 0,
                  setup: str = "plain", data: str = "") -> Target:
         """The resolved target, or UsageError with the one-line reason (shown under the path box)."""
-        return resolve_target(checkpoint.strip(), base=base.strip() or None, quant=quant, gpus=gpus,
-                              setup=setup.strip() or "plain", data=data.strip() or None)
+        target = resolve_target(checkpoint.strip(), base=base.strip() or None, quant=quant, gpus=gpus,
+                                setup=setup.strip() or "plain", data=data.strip() or None)
+        target.require_model()  # the panel's notebooks all load the model
+        return target
 
     def steps_for(self, groups: set[str]) -> list[PanelStep]:
         return panel_steps(groups)
@@ -147,7 +149,8 @@ class Panel:
         self.base = w.Text(value=options.get("base", ""), description="Base", layout=wide, continuous_update=False,
                            placeholder="empty: the base recorded in adapter_config.json")
         self.quant = w.Dropdown(options=list(QUANTS), value=options.get("quant", "none"), description="Quant")
-        self.gpus = w.BoundedIntText(value=int(options.get("gpus", 1)), min=1, max=64, description="GPUs")
+        self.gpus = w.BoundedIntText(value=int(options.get("gpus") or 0), min=0, max=64, description="GPUs",
+                                     tooltip="the GPUs one training process sees; 0: not stated")
         self.setup = w.Combobox(value=options.get("setup", "plain"), options=list(BUILTIN_SETUPS),
                                 description="Set-up", placeholder="plain | qlora | … | module:function")
         self.data = w.Text(value=options.get("data", ""), description="Data", layout=wide, continuous_update=False,

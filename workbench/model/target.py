@@ -108,7 +108,8 @@ class Target(Displayable):
     base_source: str | None = None  # "adapter_config.json" | "--base"
     recorded_base: str | None = None  # what adapter_config.json says, even when --base overrides it
     quant: str = "none"
-    gpus: int = 1
+    gpus: int = 1  # the GPUs one training process sees, as judged
+    gpus_stated: bool = True  # False: the user did not say (--gpus absent): judged on 1, more GPUs a conditional warn
     setup: str = "plain"
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     device_map: Any = None
@@ -121,6 +122,9 @@ class Target(Displayable):
     data: str | None = None  # --data: the training data (JSONL or a save_to_disk folder), notebook 07
     run: TrainerOutput | None = None  # CKPT is (or sits in) a Trainer output_dir: notebook 08
     training_args: str | None = None  # --training-args: a YAML/JSON file of TrainingArguments fields, notebook 09
+    # a Trainer output_dir whose model cannot be resolved (its adapter's base unreachable, say): why, in one line.
+    # The run autopsy (notebook 08) needs no model and still runs; the notebooks that load one say skip.
+    model_unavailable: str | None = None
 
     @property
     def name(self) -> str:
@@ -130,13 +134,28 @@ class Target(Displayable):
             leaf = self.checkpoint.rsplit("/", 1)[-1]
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", leaf)[:60]
 
+    def require_model(self) -> None:
+        """UsageError (exit 2) when the model cannot be resolved: for what needs it (census, panel, model notebooks)."""
+        if self.model_unavailable:
+            raise UsageError(self.model_unavailable)
+
+    @property
+    def base_fix(self) -> str:
+        """How to point the workbench at the model when its base cannot be resolved, in the run's own names."""
+        named = f" (a local copy of {self.recorded_base})" if self.recorded_base else ""
+        return (f"Pass --base DIR{named}: `workbench diagnose {self.checkpoint} --base /path/to/base`; or make the "
+                "hub id reachable (network, or HF_HOME holding its snapshot).")
+
     def as_contract(self) -> dict[str, Any]:
         """The `target` object of findings.json."""
         contract = {"checkpoint": self.checkpoint, "model_dir": str(self.model_dir),
                     "adapter": str(self.adapter_dir) if self.adapter_dir else None, "base": self.base,
-                    "base_source": self.base_source, "quant": self.quant, "gpus": self.gpus, "setup": self.setup}
+                    "base_source": self.base_source, "quant": self.quant, "gpus": self.gpus if self.gpus_stated else None,
+                    "setup": self.setup}
         if self.run is not None:
             contract["run"] = self.run.describe()
+        if self.model_unavailable:
+            contract["model_unavailable"] = self.model_unavailable
         return contract
 
     def options(self) -> dict[str, Any]:
@@ -149,7 +168,8 @@ class Target(Displayable):
         checkpoint = str(self.run.folder) if self.run is not None else absolute(self.checkpoint)
         return {
             "checkpoint": checkpoint, "adapter": absolute(self.adapter_arg),
-            "base": absolute(self.base_arg), "quant": self.quant, "gpus": self.gpus, "setup": self.setup,
+            "base": absolute(self.base_arg), "quant": self.quant, "gpus": self.gpus if self.gpus_stated else 0,
+            "setup": self.setup,
             "device_map": json.dumps(self.device_map) if isinstance(self.device_map, dict) else
             str(self.device_map if self.device_map is not None else ""),
             "max_memory": ",".join(f"{k}={v}" for k, v in (self.max_memory or {}).items()),
@@ -211,7 +231,7 @@ def parse_device_map(spec: str | dict | None) -> Any:
 
 
 def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | None = None, quant: str = "none",
-                   gpus: int | str = 1, setup: str | None = None, params: dict | None = None,
+                   gpus: int | str | None = None, setup: str | None = None, params: dict | None = None,
                    device_map: Any = None, max_memory: Any = None, dtype: str = "auto",
                    trust_remote_code: bool = False, params_json: str | None = None,
                    allow_pickle: bool = False, headers_only: bool = False, data: str | None = None,
@@ -223,7 +243,6 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
     checked, so neither torch nor transformers is imported. `run_checkpoint`: the step of the checkpoint-N to
     diagnose when CKPT is a Trainer output directory (default: its final save, else its latest checkpoint).
     `hub`: how hub ids are reached ("cache", "headers", "download"; `workbench.model.hub`)."""
-    from workbench.model.checkpoint import inspect_checkpoint
 
     if params_json:
         params = json.loads(params_json)
@@ -231,8 +250,9 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
         raise UsageError("no checkpoint given; pass a checkpoint folder (or run `make diagnose` for the demo)")
     if quant not in QUANTS:
         raise UsageError(f"--quant {quant!r}: use one of {', '.join(QUANTS)}")
+    gpus_stated = gpus not in (None, "", 0, "0")  # 0: the notebook contract's "not stated"
     try:
-        gpus = int(gpus)
+        gpus = int(gpus) if gpus_stated else 1
     except (TypeError, ValueError):
         raise UsageError(f"--gpus {gpus!r}: expected a whole number of GPUs, 1 or more") from None
     if gpus < 1:
@@ -270,6 +290,45 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"{adapter_dir}/adapter_config.json is not valid JSON ({exc})") from None
         recorded = adapter_config.get("base_model_name_or_path")
+    try:
+        model_dir, base_ref, base_source = _model_folder(checkpoint, folder, adapter_dir, base, recorded, hub,
+                                                         allow_pickle)
+    except UsageError as exc:
+        if run is None:
+            raise
+        # the run's own files still tell its story: notebook 08 needs no model
+        return Target(checkpoint=checkpoint, model_dir=folder, adapter_dir=adapter_dir, base=base or recorded,
+                      base_source="--base" if base else "adapter_config.json" if recorded else None,
+                      recorded_base=recorded, quant=quant, gpus=gpus, gpus_stated=gpus_stated, setup=setup or "plain",
+                      params=params or {}, dtype=dtype or "auto", trust_remote_code=trust_remote_code,
+                      allow_pickle=allow_pickle, adapter_arg=adapter or None, base_arg=base or None,
+                      data=str(Path(data).expanduser()) if data else None, run=run,
+                      training_args=str(Path(training_args).expanduser()) if training_args else None,
+                      model_unavailable=str(exc))
+    if not headers_only:
+        from workbench.model.setups import resolve_setup
+
+        resolve_setup(setup)  # a --setup that does not import fails here, before any notebook starts
+        if not setup or setup == "plain":
+            from workbench.model.loading import auto_config
+
+            auto_config(model_dir, trust_remote_code=trust_remote_code)  # unknown architectures fail here, clearly
+    return Target(checkpoint=checkpoint, model_dir=model_dir, adapter_dir=adapter_dir, base=base_ref,
+                  base_source=base_source, recorded_base=recorded, quant=quant, gpus=gpus, gpus_stated=gpus_stated,
+                  setup=setup or "plain",
+                  params=params or {}, device_map=parse_device_map(device_map),
+                  max_memory=parse_max_memory(max_memory), dtype=dtype or "auto",
+                  trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, adapter_arg=adapter or None,
+                  base_arg=base or None, data=str(Path(data).expanduser()) if data else None, run=run,
+                  training_args=str(Path(training_args).expanduser()) if training_args else None)
+
+
+def _model_folder(checkpoint: str, folder: Path, adapter_dir: Path | None, base: str | None, recorded: str | None,
+                  hub: str, allow_pickle: bool) -> tuple[Path, str | None, str | None]:
+    """(the folder with config.json and the weights, the base as referred to, where that reference came from);
+    UsageError when it cannot be found or holds no usable weights."""
+    from workbench.model.checkpoint import inspect_checkpoint
+
     if adapter_dir is not None and adapter_dir == folder:
         if base:
             base_ref, base_source = base, "--base"
@@ -295,18 +354,4 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
         raise UsageError(f"{model_dir} holds only pickle weights ({', '.join(inspection.pickle_files)}); the "
                          "workbench does not unpickle checkpoints unless asked: convert them to safetensors, or pass "
                          "--allow-pickle (transformers then loads them with torch.load(weights_only=True))")
-    if not headers_only:
-        from workbench.model.setups import resolve_setup
-
-        resolve_setup(setup)  # a --setup that does not import fails here, before any notebook starts
-        if not setup or setup == "plain":
-            from workbench.model.loading import auto_config
-
-            auto_config(model_dir, trust_remote_code=trust_remote_code)  # unknown architectures fail here, clearly
-    return Target(checkpoint=checkpoint, model_dir=model_dir, adapter_dir=adapter_dir, base=base_ref,
-                  base_source=base_source, recorded_base=recorded, quant=quant, gpus=gpus, setup=setup or "plain",
-                  params=params or {}, device_map=parse_device_map(device_map),
-                  max_memory=parse_max_memory(max_memory), dtype=dtype or "auto",
-                  trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, adapter_arg=adapter or None,
-                  base_arg=base or None, data=str(Path(data).expanduser()) if data else None, run=run,
-                  training_args=str(Path(training_args).expanduser()) if training_args else None)
+    return model_dir, base_ref, base_source

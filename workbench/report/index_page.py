@@ -98,7 +98,7 @@ def write_reports_index(reports_dir: Path, title: str = "Diagnosis reports") -> 
         target = report.get("target", {})
         rows.append([Badge(worst), Link(rel, f"{folder.parent.name} {folder.name}"),
                      Code(target.get("checkpoint", "")),
-                     f"{target.get('quant', '')} · {target.get('gpus', '')} GPU(s) · {target.get('setup', '')}",
+                     f"{target.get('quant', '')} · {gpus_text(target.get('gpus'))} · {target.get('setup', '')}",
                      ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))])
     table = Table(["worst", "run", "checkpoint", "set-up", "verdicts"], rows, css_class="")
     listing = page(title, Display(Heading(title, level=1),
@@ -106,3 +106,8 @@ def write_reports_index(reports_dir: Path, title: str = "Diagnosis reports") -> 
     path = Path(reports_dir) / "index.html"
     write_text_atomic(path, listing)  # two runs finishing at once never leave half a page
     return path
+
+
+def gpus_text(gpus) -> str:
+    """The target's GPU count as a report shows it: `None` is the user not saying."""
+    return "GPUs not stated" if gpus is None else f"{gpus} GPU(s)"

@@ -10,7 +10,6 @@ whole, and two runs started in the same second get different folders.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import json
 import logging
@@ -21,24 +20,13 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+from workbench.contract import notebook_answers
 from workbench.errors import UsageError
-from workbench.findings import FAILING_VERDICTS, Finding, sort_findings, write_json_atomic
+from workbench.findings import FAILING_VERDICTS, Finding, sort_findings
 from workbench.model.target import Target
 from workbench.paths import NOTEBOOK_DIR, REPORT_TEMPLATE_DIR
-from workbench.report.environment import environment_facts
+from workbench.report.contract import NotebookRun, Report
 from workbench.report.kernels import KERNEL_NAME, Kernel
-
-SCHEMA_VERSION = 1
-
-
-@dataclasses.dataclass
-class NotebookRun:
-    name: str
-    status: str  # ok | error
-    html: str | None
-    seconds: float
-    error: str | None = None
-    kernel: str = "shared"  # shared | fresh (after the previous notebook killed or hung its kernel) | own
 
 
 def find_notebooks(folder: Path = NOTEBOOK_DIR, only: list[str] | None = None) -> list[Path]:
@@ -188,28 +176,28 @@ def collect_findings(folder: Path, notebook: Path, run: NotebookRun) -> list[Fin
             findings = [Finding.from_dict(d) for d in json.loads(sidecar.read_text())["findings"]]
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             findings = []
-    seen = {f.id for f in findings}
-    for check in declared_checks(notebook):
-        if check not in seen:
-            findings.append(Finding(check, "error", f"{check} was not reported",
-                                    f"{notebook.stem} stopped before this check: {run.error or 'no sidecar'}",
-                                    {"notebook_error": run.error}, "Open the notebook's HTML to see the failing "
-                                    "cell; fix the input or report the bug.", notebook.stem))
-    for f in findings:
-        f.notebook = notebook.stem
-    return findings
+    return notebook_answers(notebook.stem, declared_checks(notebook), findings, run.error or "no sidecar")
 
 
 def not_applicable(notebooks: list[Path], target: Target) -> list[Path]:
-    """The notebooks the catalog runs only on a Trainer output_dir, when the target is none."""
+    """The notebooks that do not apply to the target: those the catalog runs only on a Trainer output_dir when the
+    target is none, and those that need the model when it cannot be resolved."""
     from workbench.catalog import NOTEBOOKS
 
     run_only = {nb.name for nb in NOTEBOOKS if nb.trainer_output_only}
-    return [nb for nb in notebooks if nb.stem in run_only and target.run is None]
+    files_only = {nb.name for nb in NOTEBOOKS if not nb.needs_model}
+    return [nb for nb in notebooks if (nb.stem in run_only and target.run is None)
+            or (target.model_unavailable and nb.stem not in files_only)]
 
 
 def skipped_findings(notebook: Path, target: Target) -> list[Finding]:
     """A `skip` on each declared check of a notebook that does not apply to the target (not executed)."""
+    if target.model_unavailable:
+        return [Finding(check, "skip", "The model cannot be resolved", f"{target.model_unavailable}. {notebook.stem} "
+                        "loads the model; the run autopsy (08_training_run) reads the run's own files and ran.",
+                        {"notebook_run": False, "base": target.base, "checkpoint": target.checkpoint},
+                        target.base_fix, notebook.stem)
+                for check in declared_checks(notebook)]
     return [Finding(check, "skip", "not a Trainer output directory",
                     f"{target.checkpoint} holds no trainer_state.json (at its root or in a checkpoint-N folder): "
                     f"{notebook.stem} reads what a Trainer run left behind", {"notebook_run": False},
@@ -221,21 +209,6 @@ def notebook_parameters(target: Target, extra: dict[str, Any] | None = None) -> 
     """What each notebook's parameters cell receives: the target's options (re-resolved in the kernel) and extras
     of the contract (`workbench.notebook.NOTEBOOK_PARAMETERS`)."""
     return {**target.options(), **(extra or {})}
-
-
-def redact_report(folder: Path) -> None:
-    """Secrets from the environment must not leave the machine inside a shared report (tracebacks included)."""
-    from workbench.report.environment import redact_text, secret_values
-
-    secrets = secret_values()
-    if not secrets:
-        return
-    for path in folder.iterdir():
-        if path.suffix in (".html", ".json", ".ipynb", ".log") and path.is_file():
-            text = path.read_text(errors="replace")
-            cleaned = redact_text(text, secrets)
-            if cleaned != text:
-                path.write_text(cleaned)
 
 
 def parallel_jobs(target: Target, notebooks: int) -> int:
@@ -311,6 +284,9 @@ def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, noteb
     echo(f"diagnosing {target.checkpoint} -> {final} (kernel {KERNEL_NAME}: {kernel_python})")
     if target.run is not None:
         echo(f"Trainer output directory: diagnosing {target.run.describe()}")
+    if target.model_unavailable:
+        echo(f"the model cannot be resolved ({target.model_unavailable}): only the run autopsy runs; "
+             f"{target.base_fix}")
     skipped = not_applicable(notebooks, target)
     notebooks = [nb for nb in notebooks if nb not in skipped]
     jobs = jobs or parallel_jobs(target, len(notebooks))
@@ -369,28 +345,18 @@ def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, noteb
         handler.close()
         papermill_log.propagate = True
     runs = [run for run, _ in results]
-    findings = [f for _, nb_findings in results for f in nb_findings]
-    findings += [f for nb in skipped for f in skipped_findings(nb, target)]
-    report = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": f"{now.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}",
-        "created": now.isoformat(timespec="seconds"),
-        "target": target.as_contract(),
-        "environment": environment_facts(),
-        "notebooks": [dataclasses.asdict(r) for r in runs],
-        "findings": [f.to_dict() for f in sort_findings(findings)],
-        "cost": diagnosis_cost(temp, runs, kernels=kernel.started if jobs == 1 else len(runs)),
-    }
-    write_json_atomic(temp / "findings.json", report)
-    from workbench.report.index_page import write_index
-
-    write_index(temp, report)
-    redact_report(temp)
+    report = Report.start(target.as_contract(), now)
+    for run, nb_findings in results:
+        report.add(run, nb_findings)
+    for nb in skipped:
+        report.findings += skipped_findings(nb, target)
+    report.cost = diagnosis_cost(temp, runs, kernels=kernel.started if jobs == 1 else len(runs))
+    report.write(temp)
     os.replace(temp, final)
     from workbench.report.index_page import write_reports_index
 
     write_reports_index(Path(reports_dir).resolve())
-    return final, findings
+    return final, report.findings
 
 
 def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int) -> dict[str, Any]:

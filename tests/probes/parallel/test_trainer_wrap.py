@@ -66,3 +66,23 @@ def test_the_demo_stage2_names_the_releases_that_crash(demo):
     assert finding.verdict == "warn" and "multiplied by 2" in finding.title
     assert "4.30" in finding.detail and "float != c10::BFloat16" in finding.detail
     assert "5.6" not in finding.detail.split("would wrap it:")[1].split(".")[0]
+
+
+def test_gpus_not_stated_the_planted_crash_is_a_warn_naming_the_launch(demo):
+    target = resolve_target(str(demo.qwen_base))  # no --gpus: one GPU judged, two observed
+    assert not target.gpus_stated and target.gpus == 1 and target.as_contract()["gpus"] is None
+    prepared = prepare_model(target)
+    prepared.model.model.language_model.norm.float()  # the seeds' fp32 norm before a bf16 head
+    report = trainer_wrap_probe(prepared, target)
+    (finding,) = report.findings()
+    assert finding.verdict == "warn" and finding.title.startswith("If one training process sees 2 or more GPUs")
+    assert "float != c10::BFloat16" in finding.detail and "--gpus 2" in finding.fix and "torchrun" in finding.fix
+    assert finding.evidence["gpus_not_stated"]["observed_with"]["DataParallel"] is True
+
+
+def test_gpus_not_stated_a_healthy_model_passes_and_says_what_two_gpus_would_do(demo):
+    target = resolve_target(str(demo.qwen_base))
+    report = trainer_wrap_probe(prepare_model(target), target)
+    (finding,) = report.findings()
+    assert finding.verdict == "pass" and "GPUs not stated" in finding.detail and "136 → 68" in finding.detail
+    assert all(outcome.ok for outcome in report.replica)

@@ -30,9 +30,12 @@ def folder(path: Path, config_template: str | None = None, jinja: str | None = N
 
 def test_stale_template_beside_the_jinja_file_fails_for_gguf(tmp_path):
     base = folder(tmp_path / "base", config_template=STALE, jinja=TRAINED)
-    found = serve_template_probe(target_for(base, None)).findings()[0]
+    found = serve_template_probe(target_for(base, None), engines="llama.cpp").findings()[0]
     assert found.verdict == "fail" and "llama.cpp" in found.title and "gguf-py/gguf/vocab.py" in found.detail
     assert serve_template_probe(target_for(base, None), engines="vllm").findings()[0].verdict == "warn"
+    unstated = serve_template_probe(target_for(base, None)).findings()[0]  # no engine named: a conditional warn
+    assert unstated.verdict == "warn" and unstated.title.startswith("If served on llama.cpp") \
+        and "--serve" in unstated.fix
 
 
 def test_one_template_in_both_places_passes(tmp_path):

@@ -37,7 +37,7 @@ def test_a_classifier_under_accumulation_fails_and_a_causal_lm_passes(demo, tmp_
 def test_peft_checkpointing_in_a_trainer_makes_ddp_raise(demo, tmp_path, monkeypatch):
     found, _ = verdicts_of_notebook_09(demo.llama, "trainer_setups:lora_with_peft_checkpointing", tmp_path,
                                        monkeypatch)
-    assert found["train.ddp_checkpointing"] == "fail"
+    assert found["train.ddp_checkpointing"] == "warn"  # a diagnosis does not know the process count: conditional
 
 
 @pytest.mark.slow
@@ -47,7 +47,8 @@ def test_a_training_args_file_asking_reentrant_checkpointing_fails_and_its_stati
     args.write_text("gradient_checkpointing: true\ngradient_checkpointing_kwargs: {use_reentrant: true}\n")
     found, nb = verdicts_of_notebook_09(demo.llama, "qlora", tmp_path, monkeypatch, training_args=str(args))
     assert nb.results["configuration"].source == f"file {args}"
-    assert found["train.ddp_checkpointing"] == "fail"  # the Trainer's call replaces the set-up's non-reentrant one
+    # the Trainer's call replaces the set-up's non-reentrant one; how many processes the run has is not stated
+    assert found["train.ddp_checkpointing"] == "warn"
     args.write_text(args.read_text() + "ddp_static_graph: true\n")
     healthy, _ = verdicts_of_notebook_09(demo.llama, "qlora", tmp_path, monkeypatch, training_args=str(args))
     assert healthy["train.ddp_checkpointing"] == "pass"

@@ -31,6 +31,7 @@ from workbench.probes.parallel.trainer_wrap import (
 )
 
 PREDICTED_SPECS = ("auto", "balanced")
+UNSTATED_GPUS = 2  # --gpus not given: the fewest GPUs one process must see for the Trainer to wrap DataParallel
 
 
 def _quantized(model) -> tuple[bool, bool]:
@@ -71,11 +72,15 @@ class TrainerWrapResult(ProbeResult):
     replica: list[ForwardOutcome]
     baseline_steps: int
     installed: str
+    # --gpus not stated: what the installed Trainer does when one process sees UNSTATED_GPUS GPUs (plain `python
+    # train.py` on a multi-GPU machine); a crash there is a warn naming that condition, not a fail
+    unstated: WrapObservation | None = None
 
     def to_frame(self):
         import pandas as pd
 
-        return pd.DataFrame([o.as_row() for o in [self.headline, *self.scenarios]])
+        more = [self.unstated] if self.unstated is not None else []
+        return pd.DataFrame([o.as_row() for o in [self.headline, *self.scenarios, *more]])
 
     def fixes(self) -> list[dict[str, str]]:
         h = self.headline
@@ -132,10 +137,30 @@ class TrainerWrapResult(ProbeResult):
                 "configured and the other GPU idles." + others, evidence,
                 "training_args._n_gpu = 1 (or one visible GPU) for the configured batch; torchrun (DDP) to use "
                 "every GPU.")]
+        more = self.unstated
+        if more is not None:
+            evidence["gpus_not_stated"] = {"judged_on": h.gpus, "observed_with": more.as_row()}
+        if more is not None and more.wraps_data_parallel and replica_failed:
+            return [Finding(
+                "parallel.trainer_wrap", "warn",
+                f"If one training process sees {more.gpus} or more GPUs, transformers {self.installed} wraps this "
+                "model in nn.DataParallel and its replica forward fails",
+                f"--gpus was not given, so one GPU was judged (no wrap). Launched with plain `python` on a machine "
+                f"with {more.gpus}+ visible GPUs, the Trainer sets n_gpu={more.n_gpu} and wraps the model "
+                f"({self.baseline_steps} → {more.steps_per_epoch} steps per epoch); autocast does not reach the "
+                f"replica threads, and the replica forward fails: {replica_failed.error}" + others, evidence,
+                f"Launch with torchrun (DDP) or make one GPU visible (CUDA_VISIBLE_DEVICES=0); pass --gpus "
+                f"{more.gpus} to judge that launch as a fail, or --gpus 1 to state a one-GPU run.")]
+        note = ""
+        if more is not None and (more.wraps_data_parallel or (more.n_gpu or 1) > 1):
+            note = (f" GPUs not stated (--gpus): with {more.gpus} visible to one process the Trainer would "
+                    + ("wrap it in nn.DataParallel and its replica forward runs" if more.wraps_data_parallel
+                       else f"multiply the train batch by {more.n_gpu} without a wrap")
+                    + f" ({self.baseline_steps} → {more.steps_per_epoch} steps per epoch).")
         return [Finding("parallel.trainer_wrap", "pass",
                         f"transformers {self.installed} does not wrap this model (n_gpu={h.n_gpu})",
-                        f"is_model_parallel={h.is_model_parallel}; {h.steps_per_epoch} steps per epoch." + others,
-                        evidence)]
+                        f"is_model_parallel={h.is_model_parallel}; {h.steps_per_epoch} steps per epoch." + others
+                        + note, evidence)]
 
     def details(self):
         simulated = self.headline.simulated
@@ -167,8 +192,13 @@ def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
                                         model_parallel=bool(getattr(inner, "model_parallel", False)))
     for row in releases:
         row["is_loaded_in_4bit"] = four
+    unstated = None
+    if not getattr(target, "gpus_stated", True):
+        unstated = observe_trainer(model, UNSTATED_GPUS, scenario=f"{UNSTATED_GPUS} GPUs in one process (not stated)",
+                                   device_map=device_map, **options)
     replica: list[ForwardOutcome] = []
-    if headline.wraps_data_parallel or any(r["wraps_data_parallel"] for r in releases):
+    if headline.wraps_data_parallel or any(r["wraps_data_parallel"] for r in releases) or \
+            (unstated is not None and unstated.wraps_data_parallel):
         inputs, _how = target_inputs(model, target)  # labels that fit the head: T5 cannot run its decoder without
         replica = replica_forward_check(model, inputs, compute_dtype_of(model))
     baseline = single_gpu_baseline(options["dataset_size"], options["per_device_batch"], options["accumulation"])
@@ -176,7 +206,7 @@ def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
     line = release_line_for(installed)
     if line is not None:
         releases = [dict(r, installed=(r["release"] == line.since)) for r in releases]
-    return TrainerWrapResult(headline, reason, scenarios, releases, replica, baseline, installed)
+    return TrainerWrapResult(headline, reason, scenarios, releases, replica, baseline, installed, unstated)
 
 
 def device_map_probe(prepared, target) -> DeviceMapResult:

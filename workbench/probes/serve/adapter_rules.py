@@ -21,7 +21,7 @@ from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.probes.saved.adapter_weights import lora_scaling, update_norm
 from workbench.probes.saved.files import adapter_module, read_json
-from workbench.probes.serve.engine_rules import engine_rules, engine_scale
+from workbench.probes.serve.engine_rules import ENGINES_NOT_STATED, engine_rules, engine_scale, name_your_engines
 
 CHECK = "serve.adapter"
 SCALE_TOLERANCE = 1e-6  # relative: a scale equal up to float rounding is the same update
@@ -57,6 +57,7 @@ class ServeAdapterResult(ProbeResult):
     modules: list[ModuleScale] = dataclasses.field(default_factory=list)
     skipped: str | None = None
     seconds: float = 0.0
+    engines_stated: bool = True  # False: the user named no engine, every engine was judged (a fail becomes a warn)
 
     def findings(self) -> list[Finding]:
         if self.skipped:
@@ -69,8 +70,13 @@ class ServeAdapterResult(ProbeResult):
         if silent:
             title = "Served as-is, the adapter computes another update on " + ", ".join(
                 f"{e.name} ({self._how(e)})" for e in silent)
-            return [Finding(CHECK, "fail", title, summary + ". " + " ".join(self._detail(e) for e in silent + loud),
-                            evidence, " ".join(f"{e.name}: {e.fix}" for e in silent + loud if e.fix))]
+            fix = " ".join(f"{e.name}: {e.fix}" for e in silent + loud if e.fix)
+            detail = summary + ". " + " ".join(self._detail(e) for e in silent + loud)
+            if not self.engines_stated:  # a verdict about engines the user may not serve on
+                return [Finding(CHECK, "warn", f"If served on {', '.join(e.name for e in silent)}: {title[0].lower()}"
+                                f"{title[1:]}", f"{detail} Not a fail: {ENGINES_NOT_STATED}.", evidence,
+                                name_your_engines(fix))]
+            return [Finding(CHECK, "fail", title, detail, evidence, fix)]
         if loud:
             title = "The adapter needs a change to load on " + ", ".join(f"{e.name} ({e.outcome})" for e in loud)
             return [Finding(CHECK, "warn", title, summary + ". " + " ".join(self._detail(e) for e in loud),
@@ -282,7 +288,8 @@ def serve_adapter_probe(target, engines: str | list[str] | None = None) -> Serve
     base_config = read_json(Path(target.model_dir) / "config.json") if getattr(target, "model_dir", None) else None
     features = adapter_features(config, shapes, base_config)
     chosen = engine_rules().resolve(engines)
-    result = ServeAdapterResult(str(adapter_dir), features=_jsonable(features), modules=modules)
+    result = ServeAdapterResult(str(adapter_dir), features=_jsonable(features), modules=modules,
+                                engines_stated=bool(engines))
     result.engines = [judge_engine(e, config, features, modules, str(adapter_dir)) for e in chosen]
     result.seconds = time.perf_counter() - start
     return result

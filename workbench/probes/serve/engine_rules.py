@@ -44,6 +44,16 @@ class EngineRules:
         return out
 
 
+ENGINES_NOT_STATED = ("no serving engine was named (serve_engines in --params, or --serve ENGINE …), so every engine "
+                      "the rules know was judged: what holds only for an engine you may not use is a warn, not a "
+                      "fail")
+
+
+def name_your_engines(fix: str) -> str:
+    """A fix for a verdict judged over every engine: the engine fixes, then how to state yours."""
+    return f"{fix} Name the engines you serve on (`--serve vllm llama.cpp`) to judge your deployment.".strip()
+
+
 @functools.lru_cache(maxsize=1)
 def engine_rules() -> EngineRules:
     import yaml

@@ -20,7 +20,7 @@ from typing import Any
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.probes.saved.files import read_json
-from workbench.probes.serve.engine_rules import engine_rules
+from workbench.probes.serve.engine_rules import ENGINES_NOT_STATED, engine_rules, name_your_engines
 
 CHECK = "serve.template"
 
@@ -55,6 +55,7 @@ class ServeTemplateResult(ProbeResult):
     folders: dict[str, dict[str, Any]]
     problems: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     engines: list[str] = dataclasses.field(default_factory=list)
+    engines_stated: bool = True  # False: the user named no engine, every engine was judged (a fail becomes a warn)
 
     def findings(self) -> list[Finding]:
         evidence = {"folders": self.folders, "problems": self.problems, "engines": self.engines}
@@ -63,10 +64,13 @@ class ServeTemplateResult(ProbeResult):
                             "; ".join(f"{k}: {v['used_by_transformers'] or 'no template'}"
                                       for k, v in self.folders.items()), evidence)]
         worst = "fail" if any(p["verdict"] == "fail" for p in self.problems) else "warn"
-        return [Finding(CHECK, worst, self.problems[0]["title"] + (f" (+{len(self.problems) - 1} more)"
-                                                                   if len(self.problems) > 1 else ""),
-                        " ".join(p["detail"] for p in self.problems), evidence,
-                        " ".join(p["fix"] for p in self.problems))]
+        title = self.problems[0]["title"] + (f" (+{len(self.problems) - 1} more)" if len(self.problems) > 1 else "")
+        detail = " ".join(p["detail"] for p in self.problems)
+        fix = " ".join(p["fix"] for p in self.problems)
+        if worst == "fail" and not self.engines_stated:  # a verdict about engines the user may not serve on
+            return [Finding(CHECK, "warn", f"If served on llama.cpp: {title}",
+                            f"{detail} Not a fail: {ENGINES_NOT_STATED}.", evidence, name_your_engines(fix))]
+        return [Finding(CHECK, worst, title, detail, evidence, fix)]
 
     def details(self):
         from workbench.display.nodes import Display, Table
@@ -143,4 +147,4 @@ def serve_template_probe(target, engines: str | list[str] | None = None) -> Serv
                        "with the adapter's tokenizer."})
     for info in folders.values():
         info.pop("_t")
-    return ServeTemplateResult(folders, problems, chosen)
+    return ServeTemplateResult(folders, problems, chosen, engines_stated=bool(engines))

@@ -19,8 +19,8 @@ runs that cell for real). Each axis is read as the installed code resolves it:
   True for anything that is not one — a `PeftModel` is not).
 
 In the training callback the run's launch is known (`configuration.launch`): in one process DDP wraps nothing, and
-the raising cell is `info`; on ≥ 2 processes it fails as everywhere else. A diagnosis does not know the launch and
-judges the cell as a DDP run would meet it.
+the raising cell is `info`; on ≥ 2 processes it fails. A diagnosis does not know the launch: the raising cell is a
+`warn` naming that condition (one check, one answer: a verdict on a choice the user did not state is a warn).
 """
 
 from __future__ import annotations
@@ -94,11 +94,16 @@ class DdpCheckpointingResult(ProbeResult):
                                 f"{cell}. This run trains in {self.launch.describe()}: no DDP reducer, nothing "
                                 f"raises. Launched with torchrun on ≥ 2 processes, torch would raise \"{READY_TWICE}\" "
                                 "at the first backward." + assumed, self._evidence(), fix)]
+            why = (f"{cell}: reentrant checkpointing re-runs each layer's forward in the backward and DDP, looking "
+                   "for unused parameters without a static graph, marks a parameter ready twice: torch raises "
+                   f"\"{READY_TWICE}\" at the first backward under DDP (≥ 2 processes).")
+            if self.launch is None:  # a diagnosis: how many processes the run launches is not stated
+                return [Finding(CHECK, "warn", f"Under DDP (≥ 2 processes) this run would raise '{READY_TWICE}'",
+                                f"{why} The number of processes the run is launched with is not known here: in one "
+                                "process nothing raises; with torchrun or accelerate launch on ≥ 2 it does."
+                                + assumed, self._evidence(), fix)]
             return [Finding(CHECK, "fail", "DDP will raise 'Expected to mark a variable ready only once'",
-                            f"{cell}: reentrant checkpointing re-runs each layer's forward in the backward and DDP, "
-                            "looking for unused parameters without a static graph, marks a parameter ready twice: "
-                            f"torch raises \"{READY_TWICE}\" at the first backward under DDP (≥ 2 processes)."
-                            + assumed, self._evidence(), fix)]
+                            f"{why} This run trains in {self.launch.describe()}." + assumed, self._evidence(), fix)]
         why = ("no activation checkpointing" if not self.checkpointing.enabled
                else "non-reentrant checkpointing" if not self.checkpointing.use_reentrant
                else "static_graph=True" if self.static_graph else "find_unused_parameters=False")
