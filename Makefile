@@ -18,6 +18,7 @@ DATA ?=
 DISTRIBUTED ?=
 CHECKPOINT ?=
 TRAINING_ARGS ?=
+SERVE ?=
 REPORTS ?= reports
 
 DIAGNOSE_ARGS := $(CKPT) \
@@ -26,6 +27,7 @@ DIAGNOSE_ARGS := $(CKPT) \
 	$(if $(DEVICE_MAP),--device-map $(DEVICE_MAP)) $(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY)) $(if $(RECIPES),--recipes $(RECIPES)) \
 	$(if $(DISTRIBUTED),--distributed $(DISTRIBUTED)) $(if $(DATA),--data $(DATA)) \
 	$(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(if $(TRAINING_ARGS),--training-args $(TRAINING_ARGS)) \
+	$(if $(SERVE),--serve $(SERVE)) \
 	--reports-dir $(REPORTS)
 
 .PHONY: install diagnose census families checks docs demo test test-fast lab bench clean

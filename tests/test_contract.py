@@ -114,3 +114,9 @@ def test_coverage_gaps_name_what_no_test_produced_and_what_nothing_declares():
     missing, undeclared = coverage_gaps({("train.fp16", "pass"), ("config.tied_embeddings", "info")})
     assert "train.fp16: fail" in missing and "train.fp16: pass" not in missing
     assert undeclared == ["config.tied_embeddings: info"]
+
+
+def test_every_step_says_whether_the_callback_runs_it():
+    for nb in NOTEBOOKS:
+        for step in nb.steps:
+            assert step.live is True or (isinstance(step.live, str) and len(step.live) > 20), (nb.name, step.name)

@@ -63,6 +63,8 @@ class Step:
     own_model: bool = False  # loads and frees its own copy: run before the shared model is prepared
     mutates: bool = False  # changes the shared model (a training step, a cast, a wrap): run under guard.restored
     reports: tuple[str, ...] = ()  # the check ids its result's findings answer
+    # the Trainer callback's pre-flight runs it on the live model (True), or its report says skip with this reason
+    live: bool | str = True
 
     def function(self) -> Callable[..., Any]:
         return resolve_probe(self.probe)
@@ -105,6 +107,8 @@ _DTYPE = "workbench.probes.dtype.probes"
 _PARALLEL = "workbench.probes.parallel.probes"
 _PEFT = "workbench.probes.peft.probes"
 _PREPARE = Step("prepared", "prepare the model (set-up)", "workbench.model.shared:prepare_shared")
+_SAVED_FILES_ONLY = ("reads the checkpoint's saved headers and predicted 4-/8-bit loads against them: `workbench "
+                     "diagnose` on a checkpoint your run saves")
 _SAVED = "workbench.probes.saved"
 _DATA = "workbench.probes.data"
 _RUN = "workbench.probes.run"
@@ -132,15 +136,15 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
     )),
     NotebookSpec("01_dtype_distribution", "01 · Dtype distribution", "Dtype census", (
         Step("static", "checkpoint headers", "workbench.probes.dtype.headers:checkpoint_probe",
-             reports=("checkpoint.integrity",)),
+             reports=("checkpoint.integrity",), live=_SAVED_FILES_ONLY),
         Step("quantized", "4-bit and 8-bit census", f"{_DTYPE}:quantized_census_probe",
-             kwargs={"static": "static?"}),
+             kwargs={"static": "static?"}, live=_SAVED_FILES_ONLY),
         _PREPARE,
         Step("census", "loaded census", f"{_DTYPE}:loaded_census_probe", ("prepared", "target", "static?"),
-             reports=("dtype.census",)),
+             reports=("dtype.census",), live=_SAVED_FILES_ONLY),
         # answers dtype.quantized_census once: the predictions and real loads, beside the loaded model's row
         Step("scenario_table", "all scenarios side by side", f"{_DTYPE}:with_loaded_row", ("quantized", "census?"),
-             reports=("dtype.quantized_census",)),
+             reports=("dtype.quantized_census",), live=_SAVED_FILES_ONLY),
         Step("islands", "fp32 islands", f"{_DTYPE}:fp32_island_probe", ("prepared", "target"),
              reports=("dtype.fp32_islands",)),
     )),
@@ -166,7 +170,9 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
         Step("grads", "gradient flow", "workbench.probes.forward.grad_flow:grad_flow_probe", ("prepared", "target"),
              mutates=True, reports=("grad.flow",)),
         Step("buffers", "mixed-precision buffers", "workbench.probes.forward.mixed_precision_buffers:mixed_precision_buffer_probe",
-             ("prepared", "target"), mutates=True, reports=("forward.mixed_precision_buffers",)),
+             ("prepared", "target"), mutates=True, reports=("forward.mixed_precision_buffers",),
+             live="casts every parameter to the compute dtype as FSDP's mixed precision does: for a run that shards, "
+                  "train.fsdp_units replays its units; `workbench diagnose` runs the cast"),
         Step("forward", "forward matrix and dtype flow", "workbench.probes.forward.scenarios:forward_scenarios_probe",
              ("prepared", "target"), mutates=True, reports=("forward.scenarios", "forward.dtype_flow")),
     )),
@@ -190,7 +196,8 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
              ("data_path",), reports=("data.labels", "data.eos", "data.truncation")),
         Step("data_template", "chat template and tokenizer", f"{_DATA}.template:template_probe",
              ("data_path", "data_stats"), reports=("data.template",)),
-        Step("token_view", "token view", f"{_DATA}.token_view:token_view_probe", ("data_path", "data_stats")),
+        Step("token_view", "token view", f"{_DATA}.token_view:token_view_probe", ("data_path", "data_stats"),
+             live="a view of a few rows, shown in notebook 07"),
     )),
     NotebookSpec("08_training_run", "08 · The training run: what the Trainer left behind", "Training run", (
         Step("run_dir", "the Trainer output_dir", f"{_RUN}.run_facts:run_directory"),
@@ -208,7 +215,9 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
              ("target", "prepared")),
         Step("loss_accumulation", "the Trainer at b·k × GA 1 against b × GA k",
              f"{_TRAIN}.loss_accumulation:loss_accumulation_probe", ("prepared", "configuration"),
-             reports=("train.loss_accumulation",)),
+             reports=("train.loss_accumulation",),
+             live="runs the real Trainer twice (b·k × GA 1 against b × GA k), two short trainings of their own: "
+                  "opt-in, WorkbenchCallback(loss_accumulation=True)"),
         Step("fp16", "fp16: trainable fp16 tensors, activation headroom", f"{_TRAIN}.fp16:fp16_probe",
              ("prepared", "target", "configuration"), mutates=True, reports=("train.fp16",)),
         Step("ddp_checkpointing", "DDP with activation checkpointing",

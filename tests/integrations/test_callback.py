@@ -64,6 +64,14 @@ def test_a_healthy_run_trains_unchanged_and_gets_a_dated_report(checkpoint, tmp_
     index = (folder / "index.html").read_text()
     assert "run.loss" in index and "grad.flow" in index
     assert (folder / "04_forward_checks.html").is_file() and (folder / "trainer_state.json").is_file()
+    # every check of a notebook the callback runs is answered: the steps it does not run say why
+    from workbench.catalog import notebook
+
+    for name in ("01_dtype_distribution", "04_forward_checks", "09_training_step", "07_data_path"):
+        answered = {f["id"] for f in report["findings"] if f["notebook"] == name}
+        assert answered == set(notebook(name).checks), name
+    census = next(f for f in report["findings"] if f["id"] == "dtype.census")
+    assert census["verdict"] == "skip" and "workbench diagnose" in census["detail"]
     listing = (tmp_path / "with" / "workbench" / "index.html").read_text()  # every report of this output_dir
     assert f'href="{folder.parent.name}/{folder.name}/index.html"' in listing
     assert "WorkbenchCallback reports of this output_dir" in listing  # not the diagnoses' "Diagnosis reports"

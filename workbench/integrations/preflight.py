@@ -3,7 +3,8 @@
     runs = run_preflight(trainer, model, processing_class, report_folder)   # one NotebookRun per catalog notebook
 
 Each check runs as the catalog's step of its notebook, through a `NotebookSession` and a `FindingsRecorder`, as
-the panel runs them: notebook 00 on the folder the model was loaded from (when it is a local folder), the data
+the panel runs them; the catalog says which (`Step.live`: True, or why the callback does not run it, which its report
+then says as a `skip` on the step's checks — a check is never silently absent): notebook 00 on the folder the model was loaded from (when it is a local folder), the data
 path (07) read from your Trainer's own dataloader and collator, fp32 islands (01), one `grad.flow` step (04) on a
 row of the first batch your collator builds, the forward matrix (04) when fp32 islands finds tensors off the compute
 dtype, and the training-step checks (09) from your Trainer's own arguments and its launch (`RunLaunch`: processes,
@@ -35,16 +36,12 @@ from workbench.integrations.live_trainer import (
     untouched_run,
 )
 
-PREFLIGHT_NOTEBOOKS = ("00_saved_files", "07_data_path", "01_dtype_distribution", "04_forward_checks",
-                       "09_training_step")  # the catalog notebooks whose steps the pre-flight runs, in its order
 IGNORE_INDEX = -100  # the label the loss skips (torch cross_entropy's ignore_index, the Trainer's collators)
 SETUP = "your Trainer"  # the set-up name the live target carries: the model is the one your script built
 DATA_SAMPLES = 20000  # rows of train_dataset the data path reads at most (parameters/defaults.yaml's example)
 FORWARD_MATRIX_OFF = ("the forward matrix (train/eval, autocast on/off, adapters off) looks for the dtype breaks that "
                       "tensors off the compute dtype make; dtype.fp32_islands found none that is not on purpose, and "
                       "without one the matrix would repeat grad.flow's forward a dozen times")
-LOSS_ACCUMULATION_OFF = ("train.loss_accumulation runs the real Trainer twice (b·k × GA 1 against b × GA k), two "
-                         "short trainings of their own: not part of the default pre-flight")
 
 
 @dataclasses.dataclass
@@ -83,26 +80,14 @@ def run_preflight(trainer, model, processing_class, folder: Path, *, loss_accumu
         seed = {"prepared": prepared}
         runs.append(_data_path(trainer, processing_class, target, seed, folder, data_samples))
         sharded = runs_sharded(trainer)
-        islands = _session(folder, "01_dtype_distribution", ("islands",), target, seed, skip_model=sharded)
+        islands = _session(folder, "01_dtype_distribution", target, seed, skip_model=sharded)
         runs.append(islands)
         # info: tensors off the compute dtype on purpose (kept so by the class, not reaching the activations)
         mixed = any(f.id == "dtype.fp32_islands" and f.verdict in ("warn", "fail") for f in islands.findings)
-        forward = _session(folder, "04_forward_checks", ("grads", "forward") if mixed else ("grads",), target, seed,
-                           skip_model=sharded)
-        if not mixed:
-            forward.recorder.add(*(Finding(c, "skip", "Not run: no tensor off the compute dtype by accident",
-                                           FORWARD_MATRIX_OFF, {"step": "forward"},
-                                           "Run `workbench diagnose` for the whole forward matrix.")
-                                   for c in notebook("04_forward_checks").step("forward").reports))
-        runs.append(forward)
-        steps = ("configuration", *(("loss_accumulation",) if loss_accumulation else ()), "fp16",
-                 "ddp_checkpointing", "fsdp_units")
-        run = _session(folder, "09_training_step", steps, target, seed, skip_model=sharded)
-        if not loss_accumulation:
-            run.recorder.add(Finding("train.loss_accumulation", "skip", "Not run by the callback",
-                                     LOSS_ACCUMULATION_OFF, {"how": "WorkbenchCallback(loss_accumulation=True)"},
-                                     "Pass WorkbenchCallback(loss_accumulation=True) to run it before training."))
-        runs.append(run)
+        runs.append(_session(folder, "04_forward_checks", target, seed, skip_model=sharded,
+                             held_back={} if mixed else {"forward": FORWARD_MATRIX_OFF}))
+        runs.append(_session(folder, "09_training_step", target, seed, skip_model=sharded,
+                             opted_in=("loss_accumulation",) if loss_accumulation else ()))
     return runs
 
 
@@ -132,9 +117,11 @@ def _first_batch_file(trainer, folder: Path) -> Path | None:
     return path
 
 
-def _session(folder: Path, name: str, steps: tuple[str, ...], target, seed: dict[str, Any], *,
-             skip_model: str | None = None, before=None) -> NotebookRun:
-    """Run `steps` of the catalog notebook `name` in one session whose results start from `seed`."""
+def _session(folder: Path, name: str, target, seed: dict[str, Any], *, skip_model: str | None = None,
+             before=None, held_back: dict[str, str] | None = None, opted_in: tuple[str, ...] = ()) -> NotebookRun:
+    """Run the live steps of the catalog notebook `name` (`Step.live` True, and those `opted_in`) in one session whose
+    results start from `seed`. Every check of a step it does not run is answered `skip` with the reason: the step's
+    own `live` text, or `held_back`'s (a step this run does not need)."""
     from workbench.model.guard import restored
     from workbench.notebook import NOTEBOOK_PARAMETERS, NotebookSession
     from workbench.recorder import FindingsRecorder
@@ -145,20 +132,24 @@ def _session(folder: Path, name: str, steps: tuple[str, ...], target, seed: dict
     session = NotebookSession(spec, target, recorder, {**NOTEBOOK_PARAMETERS, **target.options()})
     session.results.update(seed)
     shown: list[tuple[str, Any]] = list(before(session)) if before is not None else []
-    for step_name in steps:
-        step = spec.step(step_name)
-        if skip_model and "prepared" in step.args:
-            recorder.add(*(Finding(c, "skip", "Not run on one rank of a sharded model", skip_model,
-                                   {"step": step.name}, "Run `workbench diagnose` on a saved checkpoint.")
-                           for c in step.reports))
+    held_back = held_back or {}
+    for step in spec.steps:
+        if step.name in session.results:  # seeded (the live model) or read by `before`
+            continue
+        why = held_back.get(step.name) or (None if step.live is True or step.name in opted_in else step.live)
+        if why or (skip_model and "prepared" in step.args):
+            recorder.add(*(Finding(c, "skip", "Not run by the callback" if why else
+                                   "Not run on one rank of a sharded model", why or skip_model, {"step": step.name},
+                                   "Run `workbench diagnose` on a checkpoint your run saves.")
+                           for c in step.reports), step=step.name)
             continue
         model = getattr(seed.get("prepared"), "model", None)
         guard = restored(model) if model is not None and not step.mutates and "prepared" in step.args else None
         if guard is None:
-            result = session.run(step_name)
+            result = session.run(step.name)
         else:  # a step the catalog does not mark as changing the model still runs on the live one: guarded too
             with guard:
-                result = session.run(step_name)
+                result = session.run(step.name)
         shown.append((step.label, result))
     recorder.save()
     return NotebookRun(name, recorder, shown, time.perf_counter() - start)
@@ -178,7 +169,7 @@ def _saved_files(source: Path | None, folder: Path) -> NotebookRun:
         target.require_model()
     except UsageError as exc:
         return _skipped(folder, spec, f"the folder the model was loaded from cannot be read as a checkpoint: {exc}")
-    return _session(folder, spec.name, tuple(s.name for s in spec.steps), target, {})
+    return _session(folder, spec.name, target, {})
 
 
 def _skipped(folder: Path, spec, why: str) -> NotebookRun:
@@ -216,4 +207,4 @@ def _data_path(trainer, processing_class, target, seed, folder: Path, samples: i
         session.results[step.name] = result
         return [(step.label, result)]
 
-    return _session(folder, "07_data_path", ("data_stats", "data_template"), target, seed, before=read_batches)
+    return _session(folder, "07_data_path", target, seed, before=read_batches)
