@@ -67,9 +67,8 @@ class Report:
 
     def write(self, folder: Path) -> dict[str, Any]:
         """findings.json and index.html into `folder`, secrets redacted from every page there; the contract."""
-        from workbench.report.index_page import render_index
-
         from workbench.contract import log_verdicts
+        from workbench.report.index_page import render_index
 
         log_verdicts(self.findings)  # the runner's own answers (skips, unreported checks) count for the test suite
         report = self.as_dict()
