@@ -178,3 +178,24 @@ def test_a_collate_that_touches_cuda_fails_in_forked_workers_on_a_gpu():
     assert facts["cuda_collate"]["tested"] is True
     if mp.get_start_method(allow_none=True) in (None, "fork"):
         assert facts["cuda_collate"]["fails"] and "forked subprocess" in facts["cuda_collate"]["error"]
+
+
+def test_an_fp32_buffer_its_module_casts_itself_is_information_not_a_fail(demo, tmp_path, monkeypatch):
+    # the twin of the frozen fp32 buffer above: the norm casts std_bias to the activations' dtype itself, so the
+    # buffer stays fp32 under the policy and promotes nothing
+    setup = user_setup(tmp_path, monkeypatch, (
+        "    model = plain(checkpoint, **options)\n"
+        "    norm = model.model.norm\n"
+        "    norm.register_buffer('std_bias', torch.zeros(norm.weight.shape[0], dtype=torch.float32))\n"
+        "    original = norm.forward\n"
+        "    norm.forward = lambda hidden: original(hidden) - norm.std_bias.to(hidden.dtype)\n"
+        "    return model\n"))
+    report = distributed_probe(resolve_target(str(demo.llama), setup=setup), ranks=2, timeout=240)
+    fsdp = verdicts(report)["distributed.fsdp"]
+    assert fsdp.verdict == "info", (fsdp.title, fsdp.detail)
+    assert fsdp.title.startswith("The FSDP2 step runs (") and "some tensors stay off bfloat16" in fsdp.title
+    assert "1 buffer(s) stay off bfloat16 without promoting anything, e.g. model.norm.std_bias (float32)" in fsdp.detail
+    assert fsdp.evidence["promoting"] == [] and fsdp.evidence["per_rank"] == {0: "ok", 1: "ok"}
+    assert [b["name"] for b in fsdp.evidence["buffers"] if not b["rotary"]] == ["model.norm.std_bias"]
+    assert "MixedPrecisionPolicy(param_dtype=torch.float32)" in fsdp.fix
+    assert_nothing_left(report)

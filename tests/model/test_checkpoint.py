@@ -60,3 +60,46 @@ def test_static_census_maps_legacy_keys_to_components(demo):
     assert set(by_component) == {"vision", "language", "head"}, by_component
     assert census.unmapped == []
     assert by_component["head"] == {"bfloat16": 1}
+
+
+def test_stray_and_duplicate_weight_files_warn_through_the_probe_naming_them(demo, copy_of):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from workbench.model.target import resolve_target
+    from workbench.probes.dtype.headers import checkpoint_probe
+
+    def integrity(folder):
+        (found,) = checkpoint_probe(resolve_target(str(folder))).findings()
+        assert found.id == "checkpoint.integrity"
+        return found
+
+    assert integrity(demo.llama).verdict == "pass"  # the healthy twin: sharded, every shard indexed
+    # a shard downloaded twice: the copy is in no index
+    sharded = copy_of(demo.llama, "llama-duplicate")
+    first = sorted(sharded.glob("model-*.safetensors"))[0]
+    shutil.copy(first, sharded / f"{first.stem} (1).safetensors")
+    found = integrity(sharded)
+    assert found.verdict == "warn" and found.title.startswith("Checkpoint loads, with oddities"), found
+    assert f"{first.stem} (1).safetensors" in found.detail and "ignored by from_pretrained" in found.detail
+    assert f"Remove {first.stem} (1).safetensors from {sharded}" in found.fix
+    assert "model.safetensors.index.json" in found.fix and found.evidence["warnings"] == [found.detail]
+    # the pickle weights an older save left beside the safetensors ones, in the adapter's folder
+    adapter = copy_of(demo.qwen_stage2, "adapter-with-bin")
+    torch.save(load_file(str(adapter / "adapter_model.safetensors")), adapter / "adapter_model.bin")
+    found = integrity(adapter)
+    assert found.verdict == "warn" and "both safetensors and pickle weights present" in found.title, found
+    assert f"Remove adapter_model.bin from {adapter}" in found.fix
+    folders = found.evidence["folders"]  # the base's folder and the adapter's, each with its own files
+    assert [f["kind"] for f in folders] == ["model", "adapter"]
+    assert "adapter_model.bin" in folders[1]["files"] and folders[0]["warnings"] == []
+
+
+def test_safetensors_under_non_standard_names_warn_and_the_fix_re_saves_them(demo, copy_of):
+    folder = copy_of(demo.qwen_base, "renamed")
+    (folder / "model.safetensors").rename(folder / "weights.safetensors")
+    finding = inspect_checkpoint(folder).findings()[0]
+    assert finding.verdict == "warn" and "non-standard names: ['weights.safetensors']" in finding.detail
+    assert "Remove" not in finding.fix and f"Re-save {folder} with save_pretrained" in finding.fix

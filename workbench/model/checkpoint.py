@@ -34,6 +34,7 @@ class CheckpointInspection:
     problems: list[str]  # make the checkpoint unusable or wrong: fail
     warnings: list[str]  # odd but loadable: warn
     hub: str | None = None  # "ORG/NAME@COMMIT": weights left on the hub, headers read by HTTP range requests
+    fixes: list[str] = dataclasses.field(default_factory=list)  # one per warning, naming the folder's own files
 
     @property
     def bytes_read(self) -> int:
@@ -62,7 +63,8 @@ class CheckpointInspection:
         if self.warnings:
             return [Finding("checkpoint.integrity", "warn", f"Checkpoint loads, with oddities: {self.warnings[0]}",
                             "; ".join(self.warnings[:10]), evidence,
-                            "Remove stray or duplicate weight files so that every loader reads the same tensors.")]
+                            " ".join(self.fixes) or "Remove stray or duplicate weight files so that every loader "
+                            "reads the same tensors.")]
         return [Finding("checkpoint.integrity", "pass", "Checkpoint files are complete and consistent",
                         f"{len(files)} weight file(s), {self.tensor_count} tensors, {self.weight_bytes:,} bytes of "
                         f"weights; headers read: {self.bytes_read:,} bytes"
@@ -92,6 +94,7 @@ def inspect_checkpoint(folder: str | Path) -> CheckpointInspection:
     folder = Path(folder)
     problems: list[str] = []
     warnings: list[str] = []
+    fixes: list[str] = []
     config = _read_json(folder / "config.json", problems)
     adapter_config = _read_json(folder / "adapter_config.json", problems)
     kind = "adapter" if adapter_config is not None else "model" if config is not None else "unknown"
@@ -121,17 +124,23 @@ def inspect_checkpoint(folder: str | Path) -> CheckpointInspection:
         strays = matching("*.safetensors") - set(listed.values())
         if strays:
             warnings.append(f"safetensors files not in the index (ignored by from_pretrained): {sorted(strays)}")
+            fixes.append(f"Remove {', '.join(sorted(strays))} from {folder} (or list their tensors in {index_name}): "
+                         "from_pretrained reads only the indexed shards, other loaders may read these too.")
     else:
         files = [folder / n for n in SINGLE_NAMES if n in names]
         others = sorted(folder / n for n in matching("*.safetensors") if folder / n not in files)
         if not files and others:
             files = others
             warnings.append(f"safetensors files without an index under non-standard names: {[p.name for p in others]}")
+            fixes.append(f"Re-save {folder} with save_pretrained (one model.safetensors, or shards with their index) "
+                         f"instead of {', '.join(p.name for p in others)}.")
 
     pickle_files = sorted({n for g in PICKLE_GLOBS for n in matching(g)})
     if pickle_files and files:
         warnings.append(f"both safetensors and pickle weights present ({pickle_files}); transformers reads the "
                         "safetensors ones")
+        fixes.append(f"Remove {', '.join(pickle_files)} from {folder}: transformers reads the safetensors weights, "
+                     "a loader that reads the pickle ones (torch.load, older converters) may get other tensors.")
 
     headers: list[SafetensorsHeader] = []
     for path in files:
@@ -156,7 +165,8 @@ def inspect_checkpoint(folder: str | Path) -> CheckpointInspection:
     if not files and not pickle_files:
         problems.append("no weight files (model.safetensors, its shards, adapter_model.safetensors or *.bin)")
     hub = f"{remote.repo_id}@{remote.commit}" if remote is not None else None
-    return CheckpointInspection(folder, kind, config, adapter_config, headers, pickle_files, problems, warnings, hub)
+    return CheckpointInspection(folder, kind, config, adapter_config, headers, pickle_files, problems, warnings, hub,
+                                fixes)
 
 
 @dataclasses.dataclass(repr=False)

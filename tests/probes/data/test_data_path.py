@@ -363,3 +363,52 @@ def test_answers_lost_to_max_length_are_deferred_to_truncation(demo, tmp_path, s
     assert "Every row supervises its answer" not in labels.title
     if shape == "prompt-completion":  # completion-only: trl drops the rows left with nothing supervised
         assert "trl drops" in labels.detail and labels.evidence["nothing_supervised"]["count"] == 0
+
+
+# --- EOS missing in some rows, rows cut with their answers nearly all whole: warns naming the rows -------------------
+def test_pre_tokenized_answers_without_their_end_of_turn_warn_eos_naming_the_rows(demo, tmp_path):
+    # a preprocessing script that masks the prompt and, for two rows, tokenized the conversation with
+    # continue_final_message=True: those answers never end with <|im_end|>
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo.llama)
+
+    def tokenized(name, unfinished):
+        rows = []
+        for index, r in enumerate(chat_rows(20)):
+            prompt = list(tokenizer.apply_chat_template(r["messages"][:-1], tokenize=True, return_dict=True,
+                                                        add_generation_prompt=True)["input_ids"])
+            ids = list(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True,
+                                                     continue_final_message=index in unfinished)["input_ids"])
+            rows.append({"input_ids": ids, "labels": [-100] * len(prompt) + ids[len(prompt):]})
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    found, view = diagnose_data(demo.llama, tokenized("tokenized.jsonl", {4, 13}))
+    eos = found["data.eos"]
+    assert eos.verdict == "warn" and eos.title == "EOS supervised in 90.0 % of uncut rows", eos
+    assert eos.evidence["eos_unsupervised"] == {"count": 2, "rows": [4, 13]}
+    assert (eos.evidence["eligible_rows"], eos.evidence["eos_supervised_rows"]) == (20, 18)
+    assert "rows 4, 13" in eos.detail and "rows 4, 13 of tokenized.jsonl" in eos.fix and "<|im_end|>" in eos.fix
+    assert "the end-of-turn / EOS token is not a supervised label" in view
+    healthy, _ = diagnose_data(demo.llama, tokenized("finished.jsonl", set()))
+    assert healthy["data.eos"].verdict == "pass", healthy["data.eos"].detail
+
+
+def test_one_long_answer_in_two_hundred_rows_warns_truncation_naming_it(demo, chat_data, tmp_path):
+    rows = list(chat_rows(200))
+    rows[57]["messages"][-1]["content"] = " ".join(["word"] * 400)  # one answer far past max_length
+    data = tmp_path / "one-long.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found, _ = diagnose_data(demo.llama, data, params={"max_length": 256})
+    trunc = found["data.truncation"]
+    # 0.5 % of the answers cut, none lost: below the share that fails, a warn naming the row
+    assert trunc.verdict == "warn" and trunc.title == "1 row(s) cut by max_length 256", trunc
+    assert trunc.evidence["truncated"] == trunc.evidence["answer_cut"] == {"count": 1, "rows": [57]}
+    assert trunc.evidence["answer_lost"]["count"] == 0 and trunc.evidence["lengths"]["max"] > 256
+    assert "rows 57; 1 answer(s) cut" in trunc.detail
+    assert "rows 57 of one-long.jsonl" in trunc.fix and f"max {trunc.evidence['lengths']['max']}" in trunc.fix
+    assert found["data.eos"].verdict == "pass"  # the cut row has no EOS to judge; every other row supervises it
+    healthy, _ = diagnose_data(demo.llama, chat_data, params={"max_length": 256})
+    assert healthy["data.truncation"].verdict == "pass"

@@ -178,6 +178,20 @@ def test_all_linear_reaching_the_vision_tower_warns(demo, copy_of, edit_json):
     assert f.verdict == "warn" and "output head" in f.title
 
 
+def test_a_base_whose_skeleton_cannot_be_built_is_an_error_naming_its_config(demo, copy_of, edit_json):
+    # an adapter on a base of custom code (model_type unknown to this transformers, auto_map declared): PEFT's
+    # matching needs the base's modules, so the check cannot answer, and says why and what to pass
+    base = copy_of(demo.qwen_stage1, "custom-base")
+    edit_json(base / "config.json", model_type="acme_vlm", auto_map={"AutoConfig": "configuration_acme.AcmeConfig"})
+    f = finding("adapter.targets", base, demo.qwen_stage2)
+    assert f.verdict == "error" and f.title == "Could not match the adapter's targets on the base", f
+    assert "the base's skeleton could not be built" in f.detail and f"{base}/config.json" in f.detail
+    assert "model_type 'acme_vlm' is unknown to transformers" in f.detail and "auto_map" in f.detail
+    assert "--trust-remote-code" in f.detail and "--trust-remote-code" in f.fix and "config.json" in f.fix
+    assert f.evidence["adapter"] == str(demo.qwen_stage2) and f.evidence["target_modules"]
+    assert finding("adapter.targets", demo.qwen_stage1, demo.qwen_stage2).verdict == "info"  # the untouched twin
+
+
 # --- tokenizer.vocab ---------------------------------------------------------------------------------------------
 def add_token(folder: Path, token: str = "<|new_tool|>") -> int:
     from transformers import AutoTokenizer
@@ -205,6 +219,32 @@ def test_tokens_added_in_training_without_saved_embeddings_fail(demo, copy_of):
     f = finding("tokenizer.vocab", demo.qwen_stage1, adapter)
     assert f.verdict == "fail" and "tokenizer 401 tokens, base embeddings 400 rows" in f.title
     assert "modules_to_save" in f.fix
+
+
+def test_tokens_added_in_training_with_the_resized_embeddings_saved_are_information(llamas, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def adapter(name: str, new_tokens: list[str]) -> Path:
+        tok = AutoTokenizer.from_pretrained(llamas["untied"], local_files_only=True)
+        tok.add_special_tokens({"additional_special_tokens": new_tokens})
+        model = AutoModelForCausalLM.from_pretrained(llamas["untied"], local_files_only=True)
+        model.resize_token_embeddings(len(tok))
+        get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], modules_to_save=["embed_tokens", "lm_head"],
+                                         task_type="CAUSAL_LM")).save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+        return tmp_path / name
+
+    resized = adapter("resized", ["<|tool_call|>", "<|tool_result|>"])
+    f = finding("tokenizer.vocab", llamas["untied"], resized)
+    assert f.verdict == "info" and f.title == "The adapter saves 402 embedding rows; the base has 400", f
+    assert "base must be resized the same way" in f.detail
+    assert f.fix.startswith("`base.resize_token_embeddings(402)` before `PeftModel.from_pretrained(base, adapter)`")
+    assert f.evidence["tokenizer_len"] == 402 and f.evidence["input_rows"] == 400 and f.evidence["tokenizer_in_adapter"]
+    assert max(f.evidence["adapter_rows"].values()) == 402
+    same = adapter("same-vocab", [])  # embeddings saved, none added: nothing to resize
+    f = finding("tokenizer.vocab", llamas["untied"], same)
+    assert f.verdict == "pass" and f.evidence["adapter_rows"], f
 
 
 # --- tokenizer.special_tokens ------------------------------------------------------------------------------------

@@ -63,3 +63,18 @@ def test_tokens_added_in_training_warn(tmp_path):
 
 def test_serving_doc_is_the_generated_table():
     assert DOC.read_text() == engine_table_markdown(), "run `python -m workbench.probes.serve.engine_table`"
+
+
+def test_no_chat_template_anywhere_is_a_skip_naming_the_folders(tmp_path):
+    base = folder(tmp_path / "base")
+    adapter = folder(tmp_path / "adapter")
+    found = serve_template_probe(target_for(base, adapter)).findings()[0]
+    assert found.verdict == "skip" and found.title == "No chat template: nothing to compare", found
+    assert f"Neither {adapter} nor {base} holds a chat template" in found.detail
+    assert {k: v["used_by_transformers"] for k, v in found.evidence["folders"].items()} == {
+        "adapter": None, "model": None}
+    # tokens added in training are judged without a template too; a template in the base alone is compared
+    added = folder(tmp_path / "added", added={"<tool>": 64})
+    assert serve_template_probe(target_for(base, added)).findings()[0].verdict == "warn"
+    templated = folder(tmp_path / "templated", jinja=TRAINED)
+    assert serve_template_probe(target_for(templated, adapter)).findings()[0].verdict == "pass"

@@ -132,3 +132,62 @@ def test_headroom_arithmetic_and_the_vllm_table():
 
     assert vllm_fp16_refusal(Gemma2Config())[0] == "gemma2" and "gemma3_text" in FP16_REFUSED_BY_VLLM
     assert vllm_fp16_refusal(LlamaConfig()) is None
+
+
+def test_headroom_under_four_bits_warns_naming_the_module_and_the_healthy_model_passes(target, tmp_path):
+    model = tiny_llama()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(2e5)  # |x| about 13000: inside fp16, under 4 bits of room
+    result = fp16_probe(PreparedModel(model, None, "test", "planted"), target, configuration(tmp_path, True))
+    (found,) = finding(result)
+    assert found.verdict == "warn" and found.title.startswith("fp16 headroom only"), found
+    assert "at model.layers.0.mlp.down_proj" in found.title
+    lowest = found.evidence["amp_lowest"][0]
+    assert lowest["module"] == "model.layers.0.mlp.down_proj" and 0 < lowest["headroom_bits"] < 4
+    assert "fp16=True (file training_args.yaml)" in found.detail and "can overflow" in found.detail
+    assert "bf16=True" in found.fix and "keep the modules named here in fp32" in found.fix
+    healthy = fp16_probe(PreparedModel(tiny_llama(), None, "test", "healthy"), target, configuration(tmp_path, True))
+    assert [f.verdict for f in finding(healthy)] == ["pass"]
+
+
+def test_a_model_type_vllm_refuses_in_fp16_warns_under_fp16_with_ample_headroom(tmp_path):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    folder = tmp_path / "gemma2"
+    Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                   max_position_embeddings=64)).save_pretrained(folder)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    result = fp16_probe(PreparedModel(model, None, "test", "gemma2"), resolve_target(str(folder)),
+                        configuration(tmp_path, True))
+    (found,) = finding(result)
+    assert found.verdict == "warn" and found.title.startswith("vLLM refuses gemma2 in fp16"), found
+    assert found.evidence["vllm_refuses_fp16"]["model_type"] == "gemma2"
+    assert "_FLOAT16_NOT_SUPPORTED_MODELS" in found.evidence["vllm_refuses_fp16"]["source"]
+    assert min(r["headroom_bits"] for r in found.evidence["amp_lowest"]) >= 4  # the headroom alone would pass
+    assert "bf16=True" in found.fix
+    off = fp16_probe(PreparedModel(model, None, "test", "gemma2"), resolve_target(str(folder)),
+                     configuration(tmp_path, False))
+    assert [f.verdict for f in finding(off)] == ["info"]  # not judged without fp16: the refusal is said, not warned
+
+
+def test_a_forward_that_only_runs_in_its_own_dtype_is_an_error_naming_the_exception(target, tmp_path):
+    # a block that hard-casts its input to bf16 (as some remote-code models do) runs as prepared, in bf16, and
+    # raises in the fp32 forward the headroom is read from
+    model = tiny_llama(torch.bfloat16)
+    mlp = model.model.layers[1].mlp
+    original = mlp.forward
+    mlp.forward = lambda hidden: original(hidden.to(torch.bfloat16))
+    result = fp16_probe(PreparedModel(model, None, "test", "bf16 cast"), target, configuration(tmp_path, True))
+    (found,) = finding(result)
+    assert found.verdict == "error" and found.title == "The fp32 forward for the fp16 headroom did not run", found
+    assert "expected m1 and m2 to have the same dtype" in found.evidence["forward_error"]
+    assert found.evidence["forward_error"] in found.detail and found.evidence["inputs"]
+    assert "forward_inputs in --params" in found.fix
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())  # the casts were put back
+    twin = fp16_probe(PreparedModel(tiny_llama(torch.bfloat16), None, "test", "bf16"), target,
+                      configuration(tmp_path, True))
+    assert [f.verdict for f in finding(twin)] == ["pass"]

@@ -126,3 +126,30 @@ def test_a_70b_shaped_llama_replays_on_the_meta_device(tmp_path):
     elapsed = time.perf_counter() - start
     assert found.verdict == "pass" and found.evidence["unit_count"] == 81, found
     print(f"70B-shaped FSDP1 replay: {elapsed:.2f} s (probe), {found.evidence['seconds']} s (walk)")
+
+
+@pytest.mark.slow  # a real bitsandbytes 4-bit load
+@pytest.mark.parametrize("storage", [None, torch.bfloat16])
+def test_qlora_under_fsdp2_warns_when_the_quant_storage_is_not_the_compute_dtype(tmp_path, storage):
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    tiny_llama().save_pretrained(tmp_path / "llama")
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
+                               **({"bnb_4bit_quant_storage": storage} if storage is not None else {}))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "llama", quantization_config=quant, dtype=torch.bfloat16)
+    model = get_peft_model(prepare_model_for_kbit_training(model), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    found = verdict(fsdp_units_probe(PreparedModel(model, None, "t", "qlora"), None,
+                                     configuration(tmp_path, {"version": 2}, bf16=True, use_cpu=True)))
+    if storage is not None:  # the FSDP-QLoRA recipe: the 4-bit weights shard with the rest
+        assert found.verdict == "pass" and not found.evidence["ignored_4bit"], found
+        return
+    assert found.verdict == "warn", found
+    assert found.title == ("bnb_4bit_quant_storage=uint8 is not the compute dtype bfloat16: the 4-bit weights stay "
+                           "out of FSDP2's shards")
+    assert found.evidence["quant_storage"] == {"storage": "uint8", "compute": "bfloat16"}
+    ignored = found.evidence["ignored_4bit"]
+    assert "base_model.model.model.layers.0.self_attn.v_proj.base_layer.weight" in ignored
+    assert not any("lora_" in name for name in ignored)  # the trained LoRA weights are sharded
+    assert f"({len(ignored)} here)" in found.detail and "every rank holds all of them" in found.detail
+    assert found.fix == "BitsAndBytesConfig(..., bnb_4bit_quant_storage=torch.bfloat16)"

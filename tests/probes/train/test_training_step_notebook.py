@@ -52,3 +52,18 @@ def test_a_training_args_file_asking_reentrant_checkpointing_fails_and_its_stati
     args.write_text(args.read_text() + "ddp_static_graph: true\n")
     healthy, _ = verdicts_of_notebook_09(demo.llama, "qlora", tmp_path, monkeypatch, training_args=str(args))
     assert healthy["train.ddp_checkpointing"] == "pass"
+
+
+def test_a_set_up_that_does_not_apply_leaves_no_configuration_and_every_training_check_skips(family, tmp_path,
+                                                                                               monkeypatch):
+    # the sft set-up on a classifier: nothing is prepared, so there is no configuration to read and no model to
+    # judge; every check of the notebook says skip with the set-up's reason, none says error
+    found, nb = verdicts_of_notebook_09(family("bert_seq_cls"), "sft", tmp_path, monkeypatch)
+    assert found == dict.fromkeys(notebook("09_training_step").checks, "skip"), found
+    by_id = {f.id: f for f in nb.recorder.findings}
+    for check in ("train.fp16", "train.ddp_checkpointing", "train.fsdp_units"):
+        f = by_id[check]
+        assert f.title == "The sft set-up does not apply to BertForSequenceClassification (sequence classification)"
+        assert "trl's SFTTrainer" in f.detail and "--setup plain" in f.detail, (check, f.detail)
+        assert f.evidence["depends_on"] == "prepared"
+    assert "does not apply" in nb.results["configuration"].view().html()

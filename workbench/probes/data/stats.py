@@ -186,6 +186,13 @@ class DataStatistics(ProbeResult):
         return (f"{c.count:,} of {self.rows if of is None else of:,} rows ({100 * self.share(name, of):.1f} %) "
                 f"{CATEGORIES[name]}: rows {c.named()}")
 
+    def _rows_of(self, name: str) -> str:
+        """"rows 4, 13 of train.jsonl": a category's rows, in the user's own file (or the Trainer's dataset)."""
+        source = self.path.source
+        where = ("your Trainer's train_dataset" if self.path.how == "trainer" else
+                 source.path.name if source is not None else "your dataset")
+        return f"rows {self.categories[name].named()} of {where}"
+
     def findings(self) -> list[Finding]:
         return [self.labels_finding(), self.eos_finding(), self.truncation_finding()]
 
@@ -303,8 +310,8 @@ class DataStatistics(ProbeResult):
         if share < 1:
             return Finding("data.eos", "warn", f"EOS supervised in {100 * share:.1f} % of uncut rows",
                            self._line("eos_unsupervised", self.eos_eligible) + ".", evidence,
-                           "Look at the named rows in the token view: their end-of-turn is missing or masked; end "
-                           "every answer with the template's end-of-turn token.")
+                           f"Look at {self._rows_of('eos_unsupervised')} in the token view: their end-of-turn "
+                           f"({names}) is missing or masked; end every answer with it, as a supervised label.")
         return Finding("data.eos", "pass", f"EOS supervised in every uncut row ({self.eos_supervised:,})",
                        f"End-of-turn {names} (ids {stops}) is a supervised label in every row that reaches a batch "
                        f"whole; pad id {path.pad_token_id}.", evidence)
@@ -330,7 +337,7 @@ class DataStatistics(ProbeResult):
         if c["truncated"].count:
             return Finding("data.truncation", "warn", f"{c['truncated'].count:,} row(s) cut by {limit}",
                            self._line("truncated") + (f"; {lost:,} answer(s) cut" if lost else "; answers intact")
-                           + ".", evidence, fix)
+                           + ".", evidence, fix.replace("the long rows", f"the long rows ({self._rows_of('truncated')})"))
         return Finding("data.truncation", "pass", f"No row cut by {limit}",
                        f"Longest row {lengths.get('max')} tokens (p99 {lengths.get('p99')}).", evidence)
 

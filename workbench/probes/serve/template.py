@@ -59,6 +59,12 @@ class ServeTemplateResult(ProbeResult):
 
     def findings(self) -> list[Finding]:
         evidence = {"folders": self.folders, "problems": self.problems, "engines": self.engines}
+        if not self.problems and not any(v["used_by_transformers"] for v in self.folders.values()):
+            where = " nor ".join(str(v["path"]) for v in self.folders.values())
+            return [Finding(CHECK, "skip", "No chat template: nothing to compare",
+                            f"Neither {where} holds a chat template (tokenizer_config.json's \"chat_template\", "
+                            "chat_template.jinja): no template was trained with, and an engine prompts with its own "
+                            "default or raw text.", evidence)]
         if not self.problems:
             return [Finding(CHECK, "pass", "The served chat template is the one training used",
                             "; ".join(f"{k}: {v['used_by_transformers'] or 'no template'}"
