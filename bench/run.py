@@ -145,7 +145,7 @@ result = {'tensors': sum(r['tensors'] for r in census.rows)}
 TRACER = """
 from workbench.model.inputs import sample_inputs
 from workbench.model.loading import load_pretrained
-from workbench.probes.dtype.tracer import DtypeTracer
+from workbench.model.tracer import DtypeTracer
 torch.set_num_threads(1)
 model = load_pretrained(FOLDER).eval()
 inputs, _ = sample_inputs(model, FOLDER)

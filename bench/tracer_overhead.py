@@ -18,7 +18,7 @@ import torch
 from workbench.demo.build import build_demo
 from workbench.model.inputs import sample_inputs
 from workbench.model.loading import load_pretrained
-from workbench.probes.dtype.tracer import DtypeTracer
+from workbench.model.tracer import DtypeTracer
 from workbench.runtime import quiet_and_offline
 
 

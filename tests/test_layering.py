@@ -116,3 +116,17 @@ def test_no_private_name_is_imported_across_modules():
                 crossing += [f"{module}: {node.module}.{a.name}" for a in node.names
                              if a.name.startswith("_") and not a.name.startswith("__")]
     assert crossing == []
+
+
+def probe_area(module: str) -> str | None:
+    """`workbench.probes.saved.files` -> "saved"; None outside the probe areas."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["workbench", "probes"] else None
+
+
+def test_no_probe_area_imports_another():
+    """Helpers two probe areas share live in workbench/model (LoRA math, the dtype tracer, the run's configuration),
+    so each area reads only its own modules and the layers below."""
+    sideways = sorted(f"{m} -> {dep}" for m, deps in graph().items() for dep in deps
+                      if probe_area(m) and probe_area(dep) and probe_area(m) != probe_area(dep))
+    assert sideways == [], sideways

@@ -41,7 +41,7 @@ _SURFACE: dict[str, str] = {
     "dtype_census": "workbench.probes.dtype.census",
     "predicted_quantized_census": "workbench.probes.dtype.census",
     "fp32_islands": "workbench.probes.dtype.islands",
-    "DtypeTracer": "workbench.probes.dtype.tracer",
+    "DtypeTracer": "workbench.model.tracer",
     "mixed_precision_buffer_probe": "workbench.probes.forward.mixed_precision_buffers",
     "trainer_wrap_probe": "workbench.probes.parallel.probes",
     "device_map_probe": "workbench.probes.parallel.probes",

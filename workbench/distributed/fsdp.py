@@ -72,7 +72,7 @@ def fsdp_section(model, target, rank: int) -> dict[str, Any]:
 
     from workbench.model.components import unwrap_model
     from workbench.model.dtypes import compute_dtype_of
-    from workbench.probes.dtype.tracer import DtypeTracer
+    from workbench.model.tracer import DtypeTracer
 
     compute = compute_dtype_of(model)
     name = str(compute).removeprefix("torch.")

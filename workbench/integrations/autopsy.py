@@ -24,7 +24,7 @@ LIVE = "TrainingArguments of the live Trainer"
 
 def live_configuration(args) -> Any:
     """Every TrainingArguments field of the live run, enums as their values, each cited as live."""
-    from workbench.probes.run.run_facts import RunConfiguration
+    from workbench.model.run_configuration import RunConfiguration
 
     values = {}
     for field in dataclasses.fields(args):

@@ -154,3 +154,7 @@ def _inside(name: str, found: dict[str, str]) -> bool:
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix and name else prefix or name
+
+
+def component_overrides(target) -> dict[str, list[str]]:
+    return dict(target.params.get("components") or {})

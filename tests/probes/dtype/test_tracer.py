@@ -5,7 +5,7 @@ import torch
 
 from workbench.model.inputs import sample_inputs
 from workbench.model.loading import load_pretrained
-from workbench.probes.dtype.tracer import DtypeTracer
+from workbench.model.tracer import DtypeTracer
 
 
 def hook_count(model):

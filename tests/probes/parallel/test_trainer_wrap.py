@@ -86,3 +86,15 @@ def test_gpus_not_stated_a_healthy_model_passes_and_says_what_two_gpus_would_do(
     (finding,) = report.findings()
     assert finding.verdict == "pass" and "GPUs not stated" in finding.detail and "136 → 68" in finding.detail
     assert all(outcome.ok for outcome in report.replica)
+
+
+def test_gpus_not_stated_and_no_batch_the_model_accepts_is_still_a_pass_saying_so(tmp_path):
+    """Dia's tiny checkpoint accepts none of the workbench's batches: the one-GPU verdict does not need one, and the
+    unstated two-GPU launch says its replica forward was not run rather than turning the check into an error."""
+    from workbench.architectures.checkpoints import build_tiny_checkpoint
+    from workbench.architectures.model_types import architectures
+
+    folder = build_tiny_checkpoint(next(a for a in architectures() if a.model_type == "dia"), tmp_path)
+    target = resolve_target(str(folder))
+    (finding,) = trainer_wrap_probe(prepare_model(target), target).findings()
+    assert finding.verdict == "pass" and "replica forward was not run" in finding.detail

@@ -25,7 +25,7 @@ from torch import nn
 from workbench.model.dtypes import dtype_name
 from workbench.model.forward import run_forward
 from workbench.model.loading import default_dtype
-from workbench.probes.dtype.tracer import DtypeTracer
+from workbench.model.tracer import DtypeTracer
 
 
 def returns_input_dtype(module: nn.Module, compute_dtype: torch.dtype) -> bool:

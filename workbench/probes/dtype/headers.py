@@ -12,11 +12,8 @@ from pathlib import Path
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding, worst_verdict
 from workbench.model.checkpoint import CheckpointInspection, StaticCensus, inspect_checkpoint, static_census
+from workbench.model.components import component_overrides
 from workbench.model.header_map import header_map
-
-
-def component_overrides(target) -> dict[str, list[str]]:
-    return dict(target.params.get("components") or {})
 
 
 @dataclasses.dataclass(repr=False)

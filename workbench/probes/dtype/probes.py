@@ -10,10 +10,10 @@ from typing import Any
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.batch import BatchNotAccepted, target_inputs
-from workbench.model.components import ComponentClassifier
+from workbench.model.components import ComponentClassifier, component_overrides
 from workbench.model.tied import tied_notes
 from workbench.probes.dtype.census import DtypeCensus, census_differences, dtype_census, predicted_quantized_census
-from workbench.probes.dtype.headers import CheckpointResult, component_overrides
+from workbench.probes.dtype.headers import CheckpointResult
 from workbench.probes.dtype.islands import Islands, fp32_islands
 
 DEFAULT_REAL_QUANT_MAX_BYTES = 128 * 1024**2  # the prediction is the answer; a real load verifies it only when cheap

@@ -25,6 +25,7 @@ from workbench.errors import UsageError
 from workbench.findings import Finding
 from workbench.model.checkpoint import CheckpointInspection, checkpoint_key_mapper, inspect_checkpoint
 from workbench.model.components import ComponentClassifier
+from workbench.model.lora import adapter_shape_mismatches
 
 SAMPLE_BYTES = 4096
 
@@ -65,32 +66,6 @@ def describe_differences(diff: dict[str, dict[str, int]]) -> str:
     if not changed:
         return "identical weights (sampled)"
     return "differ in " + ", ".join(changed) + ("; identical: " + ", ".join(same) if same else "")
-
-
-def adapter_shape_mismatches(adapter: CheckpointInspection, skeleton, map_key) -> tuple[int, list[dict[str, Any]]]:
-    """(LoRA tensors checked, mismatches): lora_A is [r, in_features] and lora_B [out_features, r] of the module."""
-    checked, mismatches = 0, []
-    for header in adapter.headers:
-        for t in header.tensors:
-            if ".lora_A." not in t.name and ".lora_B." not in t.name:
-                continue
-            module_key = t.name.removeprefix("base_model.model.").split(".lora_")[0]
-            path = map_key(module_key + ".weight").removesuffix(".weight")
-            try:
-                module = skeleton.get_submodule(path)
-            except AttributeError:
-                mismatches.append({"tensor": t.name, "problem": f"the base has no module {path}"})
-                continue
-            in_f, out_f = getattr(module, "in_features", None), getattr(module, "out_features", None)
-            if in_f is None or out_f is None or len(t.shape) != 2:
-                continue  # conv / embedding LoRA: shapes follow other rules; not checked
-            checked += 1
-            want = in_f if ".lora_A." in t.name else out_f
-            got = t.shape[1] if ".lora_A." in t.name else t.shape[0]
-            if want != got:
-                mismatches.append({"tensor": t.name, "problem": f"shape {list(t.shape)} against {path} "
-                                   f"[{out_f} x {in_f}]"})
-    return checked, mismatches
 
 
 @dataclasses.dataclass
@@ -319,7 +294,7 @@ def _chain(report: LineageResult, adapter_dir: Path, reference: Path | None, cla
 def adapter_lineage_probe(target, reference: str | None = None) -> LineageResult:
     """The target's adapter against the base it was loaded on; `reference` (e.g. the original base of a recipe
     list, or the parameters' `compare` entry) completes the chain."""
-    from workbench.probes.dtype.probes import component_overrides
+    from workbench.model.components import component_overrides
 
     ref = Path(reference) if reference else None
     return adapter_lineage(target.adapter_dir, target.model_dir if target.adapter_dir else None,

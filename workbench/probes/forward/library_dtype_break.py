@@ -24,7 +24,7 @@ from torch import nn
 from workbench.model.components import unwrap_model
 from workbench.model.dtypes import keep_in_fp32_matcher
 from workbench.model.loading import meta_model
-from workbench.probes.dtype.tracer import DtypeTracer, ModuleCall
+from workbench.model.tracer import DtypeTracer, ModuleCall
 
 
 def _is_library_class(module: nn.Module) -> bool:

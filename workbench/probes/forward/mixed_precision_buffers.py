@@ -31,7 +31,7 @@ from workbench.model.dtypes import (
     off_compute_dtype,
 )
 from workbench.model.forward import run_forward
-from workbench.probes.dtype.tracer import DtypeTracer
+from workbench.model.tracer import DtypeTracer
 from workbench.probes.forward.library_dtype_break import library_break_fix, library_dtype_break
 
 

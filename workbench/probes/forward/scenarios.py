@@ -25,7 +25,7 @@ from workbench.model.dtypes import compute_dtype_of
 from workbench.model.finiteness import all_finite
 from workbench.model.forward import logits_of, run_forward
 from workbench.model.memory import free_memory
-from workbench.probes.dtype.tracer import DtypeTracer
+from workbench.model.tracer import DtypeTracer
 from workbench.probes.forward.library_dtype_break import library_break_fix, library_dtype_break
 
 CONTEXTS = ("no autocast", "autocast", "replica thread under autocast")

@@ -75,6 +75,7 @@ class TrainerWrapResult(ProbeResult):
     # --gpus not stated: what the installed Trainer does when one process sees UNSTATED_GPUS GPUs (plain `python
     # train.py` on a multi-GPU machine); a crash there is a warn naming that condition, not a fail
     unstated: WrapObservation | None = None
+    unstated_replica_note: str | None = None  # why the replica forward of that launch was not run
 
     def to_frame(self):
         import pandas as pd
@@ -153,8 +154,9 @@ class TrainerWrapResult(ProbeResult):
                 f"{more.gpus} to judge that launch as a fail, or --gpus 1 to state a one-GPU run.")]
         note = ""
         if more is not None and (more.wraps_data_parallel or (more.n_gpu or 1) > 1):
+            replica_ran = self.unstated_replica_note or "its replica forward runs"
             note = (f" GPUs not stated (--gpus): with {more.gpus} visible to one process the Trainer would "
-                    + ("wrap it in nn.DataParallel and its replica forward runs" if more.wraps_data_parallel
+                    + (f"wrap it in nn.DataParallel; {replica_ran}" if more.wraps_data_parallel
                        else f"multiply the train batch by {more.n_gpu} without a wrap")
                     + f" ({self.baseline_steps} → {more.steps_per_epoch} steps per epoch).")
         return [Finding("parallel.trainer_wrap", "pass",
@@ -197,16 +199,23 @@ def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
         unstated = observe_trainer(model, UNSTATED_GPUS, scenario=f"{UNSTATED_GPUS} GPUs in one process (not stated)",
                                    device_map=device_map, **options)
     replica: list[ForwardOutcome] = []
-    if headline.wraps_data_parallel or any(r["wraps_data_parallel"] for r in releases) or \
-            (unstated is not None and unstated.wraps_data_parallel):
+    replica_note = None
+    if headline.wraps_data_parallel or any(r["wraps_data_parallel"] for r in releases):
         inputs, _how = target_inputs(model, target)  # labels that fit the head: T5 cannot run its decoder without
         replica = replica_forward_check(model, inputs, compute_dtype_of(model))
+    elif unstated is not None and unstated.wraps_data_parallel:
+        try:  # what a launch nobody stated would do: without a batch this model accepts, only the wrap is said
+            inputs, _how = target_inputs(model, target)
+            replica = replica_forward_check(model, inputs, compute_dtype_of(model))
+        except Exception as exc:  # noqa: BLE001 - the stated verdict does not depend on it
+            replica_note = f"its replica forward was not run ({type(exc).__name__}: {str(exc)[:160]})"
     baseline = single_gpu_baseline(options["dataset_size"], options["per_device_batch"], options["accumulation"])
     installed = transformers.__version__
     line = release_line_for(installed)
     if line is not None:
         releases = [dict(r, installed=(r["release"] == line.since)) for r in releases]
-    return TrainerWrapResult(headline, reason, scenarios, releases, replica, baseline, installed, unstated)
+    return TrainerWrapResult(headline, reason, scenarios, releases, replica, baseline, installed, unstated,
+                             replica_note)
 
 
 def device_map_probe(prepared, target) -> DeviceMapResult:

@@ -23,8 +23,15 @@ from typing import Any, Callable
 
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.saved.adapter_weights import A_PARTS, STILL_SHARE, ModuleUpdate, lora_scaling, update_norm
-from workbench.probes.saved.files import adapter_module, read_json
+from workbench.model.lora import (
+    A_PARTS,
+    STILL_SHARE,
+    ModuleUpdate,
+    adapter_module,
+    lora_scaling,
+    read_json,
+    update_norm,
+)
 
 CHECK = "run.adapter_progress"
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")

@@ -29,7 +29,8 @@ from typing import Any
 
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.saved.files import SavedFiles, adapter_module
+from workbench.model.lora import adapter_module
+from workbench.probes.saved.files import SavedFiles
 from workbench.probes.saved.target_names import (
     ALTERNATION,
     anchored_regex,
@@ -501,7 +502,7 @@ def adapter_targets_probe(files: SavedFiles) -> AdapterTargetsResult:
     for pattern in getattr(config, "modules_to_save", None) or []:
         result.modules_to_save[pattern] = [n for n in modules if n and (n == pattern or n.endswith("." + pattern))]
     # what the saved weights name
-    from workbench.probes.evaluation.lineage import adapter_shape_mismatches
+    from workbench.model.lora import adapter_shape_mismatches
 
     named = set()
     for t in files.adapter_tensors:

@@ -18,32 +18,14 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from typing import Any
 
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.saved.files import SavedFiles, adapter_module
+from workbench.model.lora import A_PARTS, STILL_SHARE, ModuleUpdate, adapter_module, lora_scaling, update_norm
+from workbench.probes.saved.files import SavedFiles
 
 CHECK = "adapter.weights"
-A_PARTS = ("lora_A", "lora_embedding_A")
-STILL_SHARE = 0.25  # never-moved modules from this share of the adapter up: warn
-
-
-@dataclasses.dataclass
-class ModuleUpdate:
-    module: str
-    component: str
-    rank: int
-    scaling: float
-    norm_a: float
-    norm_b: float
-    update_norm: float  # ‖B·A‖_F · scaling
-
-    @property
-    def moved(self) -> bool:
-        return self.norm_b > 0
 
 
 @dataclasses.dataclass(repr=False)
@@ -174,32 +156,6 @@ class AdapterWeightsResult(ProbeResult):
             figure(self.plot, "update norm per adapted module") if self.modules else None,
             Table.from_records(self.table()) if self.modules else None,
             Paragraph("Other saved tensors: ", ", ".join(self.other_tensors[:20])) if self.other_tensors else None)
-
-
-def lora_scaling(config: dict[str, Any], module: str, rank: int) -> float:
-    """PEFT's LoRA scaling: lora_alpha (or its alpha_pattern entry) / r, or / √r with rsLoRA."""
-    alpha = config.get("lora_alpha", 8)
-    for pattern, value in (config.get("alpha_pattern") or {}).items():
-        if re.match(rf"(.*\.)?({pattern})$", module):
-            alpha = value
-            break
-    if config.get("use_rslora"):
-        return alpha / math.sqrt(rank) if rank else 0.0
-    return alpha / rank if rank else 0.0
-
-
-def update_norm(a, b) -> float:
-    """‖B·A‖_F without forming B·A: A [r, ...] and B [out, r, ...] flattened to matrices (linear, conv,
-    embedding)."""
-    import torch
-
-    a = a.float().reshape(a.shape[0], -1)
-    b = b.float().reshape(b.shape[0], -1)
-    if b.shape[1] != a.shape[0]:  # embeddings: A [r, vocab], B [dim, r] is the usual; anything else: transpose
-        b = b.T if b.shape[0] == a.shape[0] else b
-    if b.shape[1] != a.shape[0]:
-        return float("nan")
-    return float(torch.sqrt(torch.clamp(((b.T @ b) * (a @ a.T)).sum(), min=0)))
 
 
 def adapter_weights_probe(files: SavedFiles) -> AdapterWeightsResult:

@@ -23,8 +23,9 @@ from typing import Any
 from workbench.display.nodes import facts_table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
+from workbench.model.lora import adapter_module
 from workbench.model.tied import weight_partners
-from workbench.probes.saved.files import SavedFiles, adapter_module
+from workbench.probes.saved.files import SavedFiles
 
 TIED = "config.tied_embeddings"
 QUANT = "config.quantization"

@@ -12,35 +12,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
 from workbench.display.result import ProbeResult
 from workbench.model.checkpoint import CheckpointInspection, inspect_checkpoint
+from workbench.model.lora import read_json
 from workbench.model.safetensors_header import SafetensorsHeader, TensorEntry
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 SAMPLE_BYTES = 4096
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object, or None when the file is absent or not one (checkpoint.integrity reports broken JSON)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def adapter_module(key: str) -> tuple[str, str] | None:
-    """A PEFT adapter tensor name -> (module path in the base, the part: lora_A / lora_B / the saved tensor's name)."""
-    path = key.removeprefix("base_model.model.")
-    for part in (".lora_A.", ".lora_B.", ".lora_embedding_A", ".lora_embedding_B", ".lora_magnitude_vector"):
-        if part in path:
-            module, _, _ = path.partition(part)
-            return module, part.strip(".")
-    return None
 
 
 @dataclasses.dataclass(repr=False)

@@ -19,8 +19,7 @@ from typing import Any
 
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.saved.adapter_weights import lora_scaling, update_norm
-from workbench.probes.saved.files import adapter_module, read_json
+from workbench.model.lora import adapter_module, lora_scaling, read_json, update_norm
 from workbench.probes.serve.engine_rules import ENGINES_NOT_STATED, engine_rules, engine_scale, name_your_engines
 
 CHECK = "serve.adapter"

@@ -19,7 +19,7 @@ from typing import Any
 
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.probes.saved.files import read_json
+from workbench.model.lora import read_json
 from workbench.probes.serve.engine_rules import ENGINES_NOT_STATED, engine_rules, name_your_engines
 
 CHECK = "serve.template"

@@ -212,7 +212,7 @@ def _run_record(target) -> tuple[dict[str, Any], dict[str, str]] | None:
     run = getattr(target, "run", None)
     if run is None:
         return None
-    from workbench.probes.run.run_facts import run_configuration
+    from workbench.model.run_configuration import run_configuration
 
     recorded = run_configuration(run.run_dir, run.folder, bool(getattr(target, "allow_pickle", False)))
     return (recorded.values, recorded.sources) if recorded.values else None
