@@ -49,6 +49,14 @@ def test_stray_pickle_beside_safetensors_warns(demo, copy_of):
     assert finding.verdict == "warn" and "pickle" in finding.detail
 
 
+def test_a_trainer_checkpoints_own_state_is_no_stray_pickle(demo, copy_of):
+    folder = copy_of(demo.qwen_base)  # what Trainer._save_checkpoint writes beside the weights of checkpoint-N/
+    for name in ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth", "rng_state_1.pth"):
+        (folder / name).write_bytes(b"not read")
+    inspection = inspect_checkpoint(folder)
+    assert inspection.pickle_files == [] and inspection.findings()[0].verdict == "pass", inspection.warnings
+
+
 def test_static_census_maps_legacy_keys_to_components(demo):
     # transformers 5 saves Qwen2-VL as model.layers.* / visual.*; the modules are model.language_model / model.visual
     skeleton, _ = meta_model(auto_config(demo.qwen_stage1))

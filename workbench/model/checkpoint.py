@@ -21,6 +21,9 @@ from workbench.model.safetensors_header import FLOATING_DTYPES, HeaderError, Saf
 INDEX_NAMES = ("model.safetensors.index.json", "adapter_model.safetensors.index.json")
 SINGLE_NAMES = ("model.safetensors", "adapter_model.safetensors")
 PICKLE_GLOBS = ("pytorch_model*.bin", "adapter_model.bin", "*.pt", "*.pth", "*.ckpt")
+# what a Trainer saves beside the weights in each checkpoint-N/ (transformers.trainer: OPTIMIZER_NAME, SCHEDULER_NAME,
+# SCALER_NAME, _save_rng_state): the run's state, pickled, never weights
+TRAINER_STATE_GLOBS = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth", "rng_state_*.pth")
 
 
 @dataclasses.dataclass
@@ -135,7 +138,8 @@ def inspect_checkpoint(folder: str | Path) -> CheckpointInspection:
             fixes.append(f"Re-save {folder} with save_pretrained (one model.safetensors, or shards with their index) "
                          f"instead of {', '.join(p.name for p in others)}.")
 
-    pickle_files = sorted({n for g in PICKLE_GLOBS for n in matching(g)})
+    pickle_files = sorted({n for g in PICKLE_GLOBS for n in matching(g)}
+                          - {n for g in TRAINER_STATE_GLOBS for n in matching(g)})
     if pickle_files and files:
         warnings.append(f"both safetensors and pickle weights present ({pickle_files}); transformers reads the "
                         "safetensors ones")

@@ -206,10 +206,18 @@ class DataBatches(ProbeResult):
         finally:
             del trainer._get_train_sampler
         index = 0
+        config = getattr(trainer.model, "config", None)
+        encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         for batch in loader:
             if "labels" not in batch:
                 raise ValueError(f"your {type(trainer).__name__}'s batches carry no labels (keys: {sorted(batch)}): "
                                  "the model computes no loss from them; give the collator labels")
+            if encoder_decoder:
+                yield from self._target_rows(batch["labels"].tolist(), index)
+                index += len(batch["labels"])
+                if self.samples and index >= self.samples:
+                    return
+                continue
             ids, labels = batch["input_ids"].tolist(), batch["labels"].tolist()
             mask = batch["attention_mask"].tolist() if "attention_mask" in batch else None
             for i in range(len(ids)):
@@ -224,6 +232,21 @@ class DataBatches(ProbeResult):
                 index += 1
                 if self.samples and index >= self.samples:
                     return
+
+    def _target_rows(self, labels: list[list[int]], index: int) -> Iterator[Row]:
+        """An encoder-decoder's rows: its labels are the decoder's target, a sequence of their own (not aligned
+        with input_ids, which the encoder reads whole), all of it answer. The collator pads them with -100
+        (DataCollatorForSeq2Seq's label_pad_token_id): the row ends at its last supervised token; a -100 inside
+        it stays a masked label (its id shown as the pad token)."""
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
+        for offset, row_labels in enumerate(labels):
+            end = max((j + 1 for j, label in enumerate(row_labels) if label != IGNORE), default=0)
+            row_labels = row_labels[:end]
+            row_ids = [label if label != IGNORE else pad for label in row_labels]
+            yield Row(index + offset, row_ids, row_labels, len(row_ids), (0, len(row_ids)), 0, prompt_end=0,
+                      at_limit=self.max_length is not None and len(row_ids) >= self.max_length)
+            if self.samples and index + offset + 1 >= self.samples:
+                return
 
     # -- trl's preparation --------------------------------------------------------------------------------------
     def _trl_rows(self) -> Iterator[Row]:
