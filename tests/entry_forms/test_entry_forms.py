@@ -183,6 +183,8 @@ def test_cli_output_dir_with_an_unreachable_hub_base(artifacts_of, tmp_path):
     assert [n["name"] for n in report["notebooks"]] == ["08_training_run"]
     verdicts = {f["id"]: f["verdict"] for f in report["findings"]}
     assert verdicts["grad.flow"] == "skip" and verdicts["run.adapter_progress"] == "pass"
+    skipped = [f for f in report["findings"] if f["notebook"] in ("00_saved_files", "04_forward_checks")]
+    assert skipped and all(f["verdict"] == "skip" and "--base" in f["fix"] for f in skipped)  # the fix, in its names
 
 
 def test_cli_hub_id(artifacts_of, tmp_path):

@@ -88,13 +88,16 @@ def test_gpus_not_stated_a_healthy_model_passes_and_says_what_two_gpus_would_do(
     assert all(outcome.ok for outcome in report.replica)
 
 
-def test_gpus_not_stated_and_no_batch_the_model_accepts_is_still_a_pass_saying_so(tmp_path):
-    """Dia's tiny checkpoint accepts none of the workbench's batches: the one-GPU verdict does not need one, and the
-    unstated two-GPU launch says its replica forward was not run rather than turning the check into an error."""
-    from workbench.architectures.checkpoints import build_tiny_checkpoint
-    from workbench.architectures.model_types import architectures
+def test_gpus_not_stated_and_no_batch_the_model_accepts_is_still_a_pass_saying_so(demo):
+    """A model that accepts none of the workbench's batches (here: its forward refuses every call): the one-GPU verdict
+    needs none, and the unstated two-GPU launch says its replica forward was not run instead of an error."""
+    target = resolve_target(str(demo.qwen_base))
+    prepared = prepare_model(target)
 
-    folder = build_tiny_checkpoint(next(a for a in architectures() if a.model_type == "dia"), tmp_path)
-    target = resolve_target(str(folder))
-    (finding,) = trainer_wrap_probe(prepare_model(target), target).findings()
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("planted: this model accepts no batch")
+
+    prepared.model.register_forward_pre_hook(refuse)
+    (finding,) = trainer_wrap_probe(prepared, target).findings()
     assert finding.verdict == "pass" and "replica forward was not run" in finding.detail
+    assert "Could not build a batch" in finding.detail or "BatchNotAccepted" in finding.detail

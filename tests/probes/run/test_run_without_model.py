@@ -2,9 +2,6 @@
 autopsy needs no model and still runs; the notebooks that load the model say skip, naming the base and --base."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +9,8 @@ import torch
 
 from workbench.errors import UsageError
 from workbench.model.target import resolve_target
+
+pytestmark = pytest.mark.slow  # a real Trainer run, built once for the module
 
 UNREACHABLE = "someorg/private-base-7b"  # a hub id this machine cannot reach (HF_HUB_OFFLINE)
 
@@ -74,27 +73,4 @@ def test_an_adapter_folder_that_is_no_run_still_exits_2(orphan_run, tmp_path, mo
     with pytest.raises(UsageError, match=UNREACHABLE):
         resolve_target(str(tmp_path / "adapter"), hub="cache")
 
-
-@pytest.mark.slow
-def test_diagnose_runs_the_autopsy_and_skips_the_model_notebooks(orphan_run, tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(orphan_run), "--notebooks", "00",
-                             "04", "08", "--reports-dir", str(tmp_path)], capture_output=True, text=True, env=env,
-                            timeout=600, stdin=subprocess.DEVNULL)
-    assert result.returncode in (0, 1), result.stderr
-    assert "only the run autopsy runs" in result.stdout and "Traceback" not in result.stderr
-    [report] = tmp_path.glob("*/*/findings.json")
-    data = json.loads(report.read_text())
-    by_notebook = {}
-    for f in data["findings"]:
-        by_notebook.setdefault(f["notebook"], {})[f["id"]] = f
-    autopsy = by_notebook["08_training_run"]
-    assert {"run.loss", "run.gradients", "run.schedule", "run.eval", "run.adapter_progress", "run.versions"} <= \
-        set(autopsy)
-    assert all(f["verdict"] != "skip" for i, f in autopsy.items() if i in ("run.loss", "run.adapter_progress"))
-    for name in ("00_saved_files", "04_forward_checks"):
-        assert by_notebook[name] and all(f["verdict"] == "skip" and "--base" in f["fix"] and UNREACHABLE in f["fix"]
-                                         for f in by_notebook[name].values())
-    assert [n["name"] for n in data["notebooks"]] == ["08_training_run"]  # the skipped ones never ran
-    failing = [f for f in data["findings"] if f["verdict"] in ("fail", "error")]
-    assert result.returncode == (1 if failing else 0)
+# the CLI end to end on such a run: tests/entry_forms (test_cli_output_dir_with_an_unreachable_hub_base)
