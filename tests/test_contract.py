@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from workbench.catalog import NOTEBOOKS
-from workbench.contract import STRICT_ENV, ContractViolation, coverage_gaps, notebook_answers
+from workbench.contract import STRICT_ENV, VERDICT_LOG_ENV, ContractViolation, coverage_gaps, notebook_answers
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding, combine_findings
 from workbench.recorder import FindingsRecorder
@@ -27,7 +27,9 @@ def judged(*answers: tuple[str, str]) -> Judged:
 
 @pytest.fixture
 def production(monkeypatch):
+    """Outside the test suite's strict mode; the verdicts these tests plant on purpose stay out of its coverage."""
     monkeypatch.delenv(STRICT_ENV, raising=False)
+    monkeypatch.delenv(VERDICT_LOG_ENV, raising=False)
 
 
 def recorder(tmp_path, notebook="09_training_step"):

@@ -77,7 +77,7 @@ def test_a_full_disk_is_one_line_and_exit_2(demo, tmp_path, monkeypatch, capsys)
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "findings.json"))
 
-    monkeypatch.setattr("workbench.report.runner.write_json_atomic", full)
+    monkeypatch.setattr("workbench.report.contract.write_json_atomic", full)
     monkeypatch.setattr("workbench.report.runner.run_notebook",
                         lambda nb, folder, params, kernel, timeout, **_: __import__("workbench.report.runner", fromlist=["NotebookRun"]).NotebookRun(
                             nb.stem, "ok", None, 0.0))
