@@ -12,7 +12,7 @@ from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.batch import target_inputs
 from workbench.model.components import unwrap_model
-from workbench.model.dtypes import compute_dtype_of
+from workbench.model.dtypes import compute_dtype_of, off_compute_dtype
 from workbench.model.loading import auto_config
 from workbench.probes.parallel.device_map import (
     DeviceMapResult,
@@ -203,6 +203,12 @@ def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
     if headline.wraps_data_parallel or any(r["wraps_data_parallel"] for r in releases):
         inputs, _how = target_inputs(model, target)  # labels that fit the head: T5 cannot run its decoder without
         replica = replica_forward_check(model, inputs, compute_dtype_of(model))
+    elif unstated is not None and unstated.wraps_data_parallel and \
+            next(off_compute_dtype(model, compute_dtype_of(model)), None) is None:
+        # every floating tensor in the compute dtype: a replica thread without autocast computes in it as the caller
+        # does, so there is no dtype break to look for (and no forward to pay for)
+        replica_note = ("every floating tensor is in the compute dtype, so its replicas, without autocast, compute "
+                        "in it too")
     elif unstated is not None and unstated.wraps_data_parallel:
         try:  # what a launch nobody stated would do: without a batch this model accepts, only the wrap is said
             inputs, _how = target_inputs(model, target)
