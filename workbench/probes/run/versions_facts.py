@@ -19,10 +19,11 @@ A fact the files do not record stays None: the verdict then says "cannot tell", 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 from typing import Any, Mapping
+
+from workbench.model.lora import read_json
 
 CARD_VERSION = re.compile(r"^-\s*(Transformers|TRL|PEFT|Pytorch|Datasets|Tokenizers|bitsandbytes|Accelerate)\s*:?\s+"
                           r"(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -101,20 +102,12 @@ def read_run_facts(run_dir: Path, training_args: Mapping[str, Any] | None = None
             _from_card(facts, card.read_text(errors="replace"), str(card))
         for name, read in (("config.json", _from_config), ("adapter_config.json", _from_adapter_config),
                            ("trainer_state.json", _from_trainer_state)):
-            data = _json(folder / name)
+            data = read_json(folder / name)
             if data is not None:
                 read(facts, data, str(folder / name))
     if facts.fsdp is None and facts.distributed is False:
         facts.note("fsdp", False, facts.sources["distributed"])  # FSDP needs more than one process
     return facts
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _from_card(facts: RunFacts, text: str, source: str) -> None:
