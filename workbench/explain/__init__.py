@@ -1,0 +1,1 @@
+"""`workbench explain`: from the error text a user holds to its ranked causes, confirmed on their model."""
