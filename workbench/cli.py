@@ -1,4 +1,4 @@
-"""`python -m workbench diagnose|census|checks|regressions|demo`: bad input gets one line and exit 2, never a traceback."""
+"""`python -m workbench diagnose|explain|census|checks|regressions|demo`: bad input gets one line and exit 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -85,6 +85,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "none with --only)")
     f.add_argument("--work", help="a folder for the tiny checkpoints and the raw records (default: a temp folder)")
 
+    e = sub.add_parser("explain", help="the causes of an error text you hold (a traceback, a log tail, a Trainer "
+                       "log), ranked; confirmed on your model with --ckpt")
+    e.add_argument("file", nargs="?", default="-", help="the text: a file, or - for standard input (default)")
+    e.add_argument("--json", action="store_true", help="print {symptom, causes: [...]} as JSON")
+    e.add_argument("--list", action="store_true", help="the symptoms it knows, their causes and checks")
+    e.add_argument("--ckpt", metavar="CKPT", help="run the checks the causes name on this checkpoint, adapter folder, "
+                   "Trainer output_dir or hub id, and mark each cause confirmed or ruled out")
+    e.add_argument("--base", help="with --ckpt: the base for an adapter (default: the one adapter_config.json names)")
+    e.add_argument("--setup", help="with --ckpt: plain | qlora | sft | module:function, as you trained")
+    e.add_argument("--quant", default=None, choices=["none", "4bit", "8bit"], help="with --ckpt: quantization")
+    e.add_argument("--gpus", default=None, help="with --ckpt: the GPUs one training process saw")
+    e.add_argument("--training-args", metavar="FILE", help="with --ckpt: your TrainingArguments as YAML or JSON")
+    e.add_argument("--data", help="with --ckpt: your training data (JSONL or save_to_disk folder)")
+    e.add_argument("--reports-dir", default="reports", help="with --ckpt: where the report goes (default reports/)")
+    e.add_argument("--reproduce", action="store_true",
+                   help="replay the failing step on a tiny twin of CKPT's family (from its config) on the CPU, "
+                        "then name the smallest change of set-up that makes it pass")
+
     sub.add_parser("regressions", help="the table of known regressions run.versions checks a run against")
 
     lab = sub.add_parser("lab", help="JupyterLab with the panel and the notebooks open (prints the URL)")
@@ -160,6 +178,12 @@ def cmd_census(args) -> int:
     else:
         print(result)  # the same view as notebook 01's: the integrity finding, then the census
     return 1 if finding.verdict in FAILING_VERDICTS else 0
+
+
+def cmd_explain(args) -> int:
+    from workbench.explain.command import explain_command
+
+    return explain_command(args)
 
 
 def cmd_regressions(args) -> int:
@@ -310,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.user_offline = user_offline
     handler = {"diagnose": cmd_diagnose, "census": cmd_census, "checks": cmd_checks, "demo": cmd_demo,
-               "lab": cmd_lab, "families": cmd_families, "regressions": cmd_regressions}[args.command]
+               "lab": cmd_lab, "families": cmd_families, "regressions": cmd_regressions,
+               "explain": cmd_explain}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

@@ -97,7 +97,8 @@ class Hit:
     groups: dict[str, str]
     before: list[str]
     after: list[str] = dataclasses.field(default_factory=list)
-    count: int = 1  # how many times the same symptom was seen
+    count: int = 1  # how many lines showed the same symptom
+    last_line: int = 0  # the line of its last occurrence
 
     @property
     def block(self) -> str:
@@ -130,7 +131,7 @@ class Hit:
                 fields["family"] = m.group(1)
         own = [f for f in frames if f.library is None and not f.path.startswith("<")]
         if own:
-            fields["script"] = f"{own[0].path}:{own[0].line}"
+            fields["script"] = own[0].path
         inner = next((f for f in reversed(frames) if f.library), None)
         if inner:
             fields["library"], fields["function"] = inner.library, inner.function
@@ -184,6 +185,7 @@ class Reading:
     versions: dict[str, str]
     lines: int
     characters: int
+    clues_seen: dict[str, str] = dataclasses.field(default_factory=dict)  # text-clue pattern -> a line showing it
 
     def hit(self, symptom_id: str) -> Hit | None:
         return next((h for h in self.hits if h.symptom_id == symptom_id), None)
@@ -243,78 +245,126 @@ def _state_json(text: str) -> list[dict[str, float]] | None:
     return [{k: float(v) for k, v in r.items() if isinstance(v, (int, float))} for r in history if isinstance(r, dict)]
 
 
-class _Matcher:
-    """Every symptom's patterns, tried on the lines that contain one of their literal words (one pass a block)."""
+class _Gate:
+    """A regex with the longest literal any match must contain: blocks are searched for the literal at C speed, and
+    the regex runs only on the lines that hold it (a 100 MB log costs a few scans, not a regex per line)."""
 
-    def __init__(self, symptoms) -> None:
-        self.rules = [(s.id, r) for s in symptoms for r in s.regexes]
-        # a cheap gate: a line is tried only if it holds a long literal run of some pattern (case-folded)
-        self.gates = [(_literal(r.pattern), sid, r) for sid, r in self.rules]
+    def __init__(self, key: str, regex: re.Pattern[str]) -> None:
+        self.key = key
+        self.regex = regex
+        self.literal = _literal(regex.pattern)
 
-    def match(self, line: str) -> list[tuple[str, re.Match[str]]]:
-        folded = line.lower()
-        found, seen = [], set()
-        for literal, sid, regex in self.gates:
-            if sid in seen or (literal and literal not in folded):
-                continue
-            m = regex.search(line)
+    def lines(self, text: str, lower: str) -> Iterator[tuple[int, int, re.Match[str]]]:
+        """(line start, line end, match) of each line of `text` the regex matches."""
+        if not self.literal:
+            for m in self.regex.finditer(text):
+                start = text.rfind("\n", 0, m.start()) + 1
+                end = text.find("\n", m.start())
+                end = len(text) if end < 0 else end
+                line_match = self.regex.search(text, start, end)
+                if line_match:
+                    yield start, end, line_match
+            return
+        pos = lower.find(self.literal)
+        while pos >= 0:
+            start = text.rfind("\n", 0, pos) + 1
+            end = text.find("\n", pos)
+            end = len(text) if end < 0 else end
+            m = self.regex.search(text, start, end)
             if m:
-                found.append((sid, m))
-                seen.add(sid)
-        return found
+                yield start, end, m
+            pos = lower.find(self.literal, end)
 
 
 def _literal(pattern: str) -> str:
-    """The longest run of plain characters in a regex that any match must contain ('' when unsure)."""
-    if "|" in pattern.replace(r"\|", ""):
-        return ""  # an alternation: no single literal is required
-    runs, current, i = [], "", 0
+    """The longest run of plain characters outside any group that every match of `pattern` contains ('' when the
+    pattern has a top-level alternation or no such run): the gate of `_Gate`."""
+    runs, current, depth, i = [], "", 0, 0
+
+    def end_run() -> None:
+        nonlocal current
+        if depth == 0:
+            runs.append(current)
+        current = ""
+
     while i < len(pattern):
         c = pattern[i]
         if c == "\\" and i + 1 < len(pattern):
             nxt = pattern[i + 1]
-            if nxt in ".^$*+?()[]{}|\\/-'\"`:,=!<>#&%@~; ":
+            if depth == 0 and nxt in ".^$*+?()[]{}|\\/-'\"`:,=!<>#&%@~; ":
                 current += nxt
-                i += 2
-                continue
-            runs.append(current)
-            current = ""
+                if i + 2 < len(pattern) and pattern[i + 2] in "*?{":
+                    current = current[:-1]
+            else:
+                end_run()
             i += 2
             continue
-        if c in ".^$*+?()[]{}|":
-            # a quantifier makes the character before it optional
-            if c in "*?{" and current:
-                current = current[:-1]
-            runs.append(current)
-            current = ""
-            if c == "[":
-                j = pattern.find("]", i + 2)
-                i = j + 1 if j > 0 else len(pattern)
-                continue
-            if c == "(" and pattern.startswith("(?P<", i):
-                i = pattern.find(">", i) + 1
-                continue
-            if c == "(" and pattern.startswith("(?", i):
-                i += 3
-                continue
+        if c == "|" and depth == 0:
+            return ""
+        if c == "[":
+            end_run()
+            j = i + 1
+            if j < len(pattern) and pattern[j] == "^":
+                j += 1
+            if j < len(pattern) and pattern[j] == "]":
+                j += 1
+            while j < len(pattern) and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c == "(":
+            end_run()
+            depth += 1
             i += 1
             continue
-        current += c
+        if c == ")":
+            end_run()
+            depth -= 1
+            i += 1
+            continue
+        if c in ".^$+":
+            end_run()
+            i += 1
+            continue
+        if c in "*?{":  # the character before is optional or repeated: not part of a required run
+            current = current[:-1]
+            end_run()
+            if c == "{":
+                j = pattern.find("}", i)
+                i = j + 1 if j > 0 else len(pattern)
+            else:
+                i += 1
+            continue
+        if depth == 0:
+            current += c
         i += 1
-    runs.append(current)
-    return max(runs, key=len).lower() if runs else ""
+    end_run()
+    best = max(runs, key=len) if runs else ""
+    return best.lower() if len(best.strip()) >= 4 else ""
+
+
+@dataclasses.dataclass
+class _State:
+    gates: list[_Gate]
+    clue_gates: list[_Gate]
+    hits: dict[str, Hit] = dataclasses.field(default_factory=dict)
+    metrics: LogMetrics = dataclasses.field(default_factory=LogMetrics)
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    clues_seen: dict[str, str] = dataclasses.field(default_factory=dict)  # text-clue pattern -> the first line
+    tail: list[str] = dataclasses.field(default_factory=list)  # the last CONTEXT_LINES lines read
+    pending: list[Hit] = dataclasses.field(default_factory=list)  # hits still collecting the lines after them
+    lines: int = 0
 
 
 def read_text(source: str | IO[str] | IO[bytes] | Iterable[str], symptoms) -> Reading:
-    """Stream `source` once: the symptom hits with their context, the logged metrics, the stated versions."""
-    matcher = _Matcher(symptoms)
-    hits: dict[str, Hit] = {}
-    order: list[Hit] = []
-    metrics = LogMetrics()
-    versions: dict[str, str] = {}
-    window: list[str] = []  # lines since the previous hit (at most CONTEXT_LINES)
-    pending: list[Hit] = []  # hits still collecting their lines after
-    line_number = characters = 0
+    """Stream `source` once: the symptom hits with their context, the logged metrics, the stated versions, and
+    which `text` clues of the symptoms' causes appear anywhere (a command line at the top of a long log)."""
+    gates = [_Gate(s.id, r) for s in symptoms for r in s.regexes]
+    clue_patterns = dict.fromkeys(c.pattern for s in symptoms for cause in s.causes for c in cause.clues
+                                  if c.place == "text")
+    clue_gates = [_Gate(p, re.compile(p, re.IGNORECASE)) for p in clue_patterns]
+    state = _State(gates, clue_gates)
+    characters = 0
     carry = ""
     first_block = True
     for raw in _blocks(source):
@@ -323,46 +373,73 @@ def read_text(source: str | IO[str] | IO[bytes] | Iterable[str], symptoms) -> Re
         if first_block:
             history = _state_json(text) if isinstance(source, str) or len(raw) < BLOCK_CHARS else None
             if history is not None:
-                metrics.records.extend(r for r in history if r)
+                state.metrics.records.extend(r for r in history if r)
             first_block = False
         cut = text.rfind("\n")
         if cut < 0:
             carry = text
             continue
         carry, text = text[cut + 1:], text[:cut]
-        line_number = _scan(clean(text), matcher, hits, order, metrics, versions, window, pending, line_number)
+        _scan(clean(text), state)
     if carry:
-        line_number = _scan(clean(carry), matcher, hits, order, metrics, versions, window, pending, line_number)
-    return Reading(order, metrics, versions, line_number, characters)
+        _scan(clean(carry), state)
+    order = sorted(state.hits.values(), key=lambda h: h.line_number)
+    reading = Reading(order, state.metrics, state.versions, state.lines, characters)
+    reading.clues_seen = state.clues_seen
+    return reading
 
 
-def _scan(text, matcher, hits, order, metrics, versions, window, pending, line_number) -> int:
+def _scan(text: str, state: _State) -> None:
+    """One cleaned block: hits (with the lines before them, from this block and the previous ones), log records,
+    versions, text clues."""
+    lower = text.lower()
+    lines = text.split("\n")
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    import bisect
+
+    def index(pos: int) -> int:
+        return bisect.bisect_right(starts, pos) - 1
+
+    for hit in state.pending:
+        hit.after.extend(lines[:AFTER_LINES - len(hit.after)])
+    state.pending = [h for h in state.pending if len(h.after) < AFTER_LINES]
+    found: list[tuple[int, str, re.Match[str]]] = []
+    for gate in state.gates:
+        for start, _end, m in gate.lines(text, lower):
+            found.append((index(start), gate.key, m))
+    for i, key, m in sorted(found, key=lambda f: f[0]):
+        number = state.lines + i + 1
+        hit = state.hits.get(key)
+        if hit is not None:
+            if number != hit.last_line:
+                hit.count += 1
+                hit.last_line = number
+            continue
+        before = lines[max(0, i - CONTEXT_LINES):i]
+        if len(before) < CONTEXT_LINES:
+            before = state.tail[len(state.tail) - (CONTEXT_LINES - len(before)):] + before if state.tail else before
+        hit = Hit(key, lines[i].strip(), number, {k: v for k, v in m.groupdict().items() if v}, before,
+                  lines[i + 1:i + 1 + AFTER_LINES], last_line=number)
+        state.hits[key] = hit
+        if len(hit.after) < AFTER_LINES:
+            state.pending.append(hit)
+    for gate in state.clue_gates:
+        if gate.key not in state.clues_seen:
+            for start, end, _m in gate.lines(text, lower):
+                state.clues_seen[gate.key] = text[start:end].strip()[:300]
+                break
+    for m in LOG_RECORD.finditer(text):
+        record = _record(m.group(0))
+        if record:
+            state.metrics.records.append(record)
     for m in (m for pattern in VERSION_LINES for m in pattern.finditer(text)):
         name = PACKAGE_NAMES.get(m["pkg"].lower())
         if name:
-            versions[name] = m["version"].split("+")[0]
-    for line in text.split("\n"):
-        line_number += 1
-        for hit in pending:
-            hit.after.append(line)
-        pending[:] = [h for h in pending if len(h.after) < AFTER_LINES]
-        if "{" in line and LOG_RECORD.search(line):
-            record = _record(line)
-            if record:
-                metrics.records.append(record)
-        for sid, m in matcher.match(line):
-            if sid in hits:
-                hits[sid].count += 1
-                continue
-            hit = Hit(sid, line.strip(), line_number, {k: v for k, v in m.groupdict().items() if v},
-                      window[-CONTEXT_LINES:])
-            hits[sid] = hit
-            order.append(hit)
-            pending.append(hit)
-        window.append(line)
-        if len(window) > 2 * CONTEXT_LINES:
-            del window[:CONTEXT_LINES]
-    return line_number
+            state.versions[name] = m["version"].split("+")[0]
+    state.tail = (state.tail + lines)[-CONTEXT_LINES:]
+    state.lines += len(lines)
 
 
 def read_path(path: str) -> Reading:

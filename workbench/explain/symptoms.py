@@ -182,7 +182,7 @@ def _cause(data: Any, file: str, symptom: str, group_names: set[str]) -> Cause:
     if set(confirms) - set(VERDICTS):
         raise _fail(file, entry, f"confirms {confirms}: verdicts are {', '.join(VERDICTS)}")
     fix = _text(data, "fix", file, entry)
-    fields = set(re.findall(r"(?<!\{)\{(\w+)\}(?!\})", fix))
+    fields = set(re.findall(r"(?<!\{)\{(\w+)\}(?!\})", fix + " " + _text(data, "cause", file, entry)))
     if fields - set(FIX_FIELDS) - group_names:
         raise _fail(file, entry, f"fix names {sorted(fields - set(FIX_FIELDS) - group_names)}: neither a reading "
                                  f"field ({', '.join(FIX_FIELDS)}) nor a named group of the symptom's patterns")

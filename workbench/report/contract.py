@@ -42,6 +42,7 @@ class Report:
     notebooks: list[NotebookRun] = dataclasses.field(default_factory=list)
     findings: list[Finding] = dataclasses.field(default_factory=list)
     cost: dict[str, Any] | None = None  # the runner's: loads, seconds, memory
+    explanation: dict[str, Any] | None = None  # `workbench explain --ckpt`: the symptom and its causes, judged
 
     @classmethod
     def start(cls, target: dict[str, Any], now: dt.datetime | None = None) -> Report:
@@ -63,17 +64,20 @@ class Report:
                 "findings": [f.to_dict() for f in sort_findings(self.findings)]}
         if self.cost is not None:
             data["cost"] = self.cost
+        if self.explanation is not None:
+            data["explanation"] = self.explanation
         return data
 
-    def write(self, folder: Path) -> dict[str, Any]:
-        """findings.json and index.html into `folder`, secrets redacted from every page there; the contract."""
+    def write(self, folder: Path, lead=None) -> dict[str, Any]:
+        """findings.json and index.html into `folder`, secrets redacted from every page there; the contract.
+        `lead`: a Display shown above the findings (explain's symptom and causes)."""
         from workbench.contract import log_verdicts
         from workbench.report.index_page import render_index
 
         log_verdicts(self.findings)  # the runner's own answers (skips, unreported checks) count for the test suite
         report = self.as_dict()
         write_json_atomic(folder / "findings.json", report)
-        write_text_atomic(folder / "index.html", render_index(report))
+        write_text_atomic(folder / "index.html", render_index(report, lead))
         redact_report(folder)
         return report
 

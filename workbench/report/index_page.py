@@ -46,8 +46,9 @@ def _cost(report: dict[str, Any]) -> Display:
         + (f" · peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "")))
 
 
-def index_view(report: dict[str, Any]) -> Display:
-    """index.html's content: the verdict first, then every finding, the notebooks, the cost, target, environment."""
+def index_view(report: dict[str, Any], lead: Display | None = None) -> Display:
+    """index.html's content: the verdict first (below `lead`, explain's symptom and causes, when given), then every
+    finding, the notebooks, the cost, target, environment."""
     findings = [Finding.from_dict(f) for f in report["findings"]]
     worst = worst_verdict(f.verdict for f in findings) or "pass"
     counts = Counter(f.verdict for f in findings)
@@ -55,6 +56,7 @@ def index_view(report: dict[str, Any]) -> Display:
     headline = next((f for f in sort_findings(findings)), None)
     run = report["target"].get("run")  # a Trainer output_dir: which of its folders was diagnosed, and why
     return Display(
+        lead,
         Heading("Diagnosis ", Badge(worst), level=1),
         Paragraph("Diagnosed: ", Code(run)) if run else None,
         Paragraph(Bold(headline.title) if headline else "No findings."),
@@ -68,8 +70,8 @@ def index_view(report: dict[str, Any]) -> Display:
         Paragraph(Link("findings.json", "findings.json"), f" (schema version {report['schema_version']})"))
 
 
-def render_index(report: dict[str, Any]) -> str:
-    return page(f"Diagnosis: {report['target']['checkpoint']}", index_view(report))
+def render_index(report: dict[str, Any], lead: Display | None = None) -> str:
+    return page(f"Diagnosis: {report['target']['checkpoint']}", index_view(report, lead))
 
 
 def write_index(folder: Path, report: dict[str, Any]) -> Path:
