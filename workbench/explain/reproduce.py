@@ -42,8 +42,11 @@ class Replay:
     symptoms: tuple[str, ...]
     step: str  # what is replayed, in words
     toggles: tuple[Toggle, ...]
-    run: Callable[[Any, dict[str, Any]], None]  # (twin target, toggle values) -> raises what the step raises
+    run: Callable[[Any, dict[str, Any]], None] | None  # (twin target, toggle values) -> raises what the step raises
     simulated: str = ""  # what stands in for a GPU-only part, said in the result
+    # (twin target, every set of toggle values) -> each one's error or None: replays that launch processes run
+    # their trials in one launch
+    batch: Callable[[Any, list[dict[str, Any]]], list[str | None]] | None = None
 
 
 @dataclasses.dataclass
@@ -246,6 +249,37 @@ def _fp16_step(target, values: dict[str, Any]) -> None:
     scaler.update()
 
 
+DDP_RANKS = 2
+DDP_TIMEOUT = 300.0
+
+
+def _ddp_trials(target, trials: list[dict[str, Any]]) -> list[str | None]:
+    """Every trial under real torchrun, two gloo ranks, in one launch (`workbench.explain.ddp_replay`); a trial's
+    error is the first rank's that raised."""
+    import json
+    import os
+    import tempfile
+
+    from workbench.distributed.launcher import launch_ranks
+
+    with tempfile.TemporaryDirectory(prefix="workbench-ddp-replay-") as folder:
+        spec = Path(folder) / "spec.json"
+        spec.write_text(json.dumps({"target": {"checkpoint": str(target.model_dir), "setup": target.setup,
+                                               "quant": target.quant},
+                                    "trials": trials, "timeout": DDP_TIMEOUT, "launcher_pid": os.getpid()}))
+        run = launch_ranks("workbench.explain.ddp_replay", ["--spec", str(spec), "--out", folder],
+                           ranks=DDP_RANKS, timeout=DDP_TIMEOUT, out_dir=folder)
+    per_rank = [r.get("sections", {}).get("trials", {}).get("results", []) for r in run.results.values()]
+    crashed = next((r["error"] for r in run.results.values() if r.get("error")), None)
+    why = (f"{crashed['type']}: {crashed['message'][:300]}" if crashed else run.output_tail[-300:])
+    out: list[str | None] = []
+    for i in range(len(trials)):
+        errors = [rows[i]["error"] for rows in per_rank if i < len(rows) and rows[i]["error"]]
+        done = bool(per_rank) and all(i < len(rows) for rows in per_rank)
+        out.append(errors[0] if errors else None if done else f"the ranks did not finish this trial ({why})")
+    return out
+
+
 REPLAYS: dict[str, Replay] = {r.symptoms[0]: r for r in (
     Replay(("dtype.linear_operands",), "the Trainer's training forward under bf16 autocast",
            (Toggle("data_parallel", True, False, "no DataParallel wrap: one GPU per process (torchrun "
@@ -266,6 +300,13 @@ REPLAYS: dict[str, Replay] = {r.symptoms[0]: r for r in (
                                                   "trainable parameters to float32 after get_peft_model)"),
             Toggle("grad_scaler", True, False, "bf16=True instead of fp16=True (no GradScaler)")),
            _fp16_step),
+    Replay(("distributed.marked_ready_twice",), "two DDP training steps on 2 ranks (torchrun, gloo), gradient "
+           "checkpointing on as the Trainer turns it on",
+           (Toggle("reentrant", True, False, "gradient_checkpointing_kwargs={'use_reentrant': False}"),
+            Toggle("find_unused", True, False, "TrainingArguments(ddp_find_unused_parameters=False)"),
+            Toggle("static_graph", False, True, "DDP static_graph=True (accelerate's "
+                                                "DistributedDataParallelKwargs(static_graph=True))")),
+           None, batch=_ddp_trials),
 )}
 
 
@@ -287,10 +328,21 @@ def _try(replay: Replay, target, values: dict[str, Any], flipped: tuple[str, ...
     return Trial(dict(values), flipped, error, time.monotonic() - start)
 
 
+def _batched(replay: Replay, target, failing: dict[str, Any]) -> list[Trial]:
+    """The failing set-up, every single flip and every pair, run in one launch."""
+    combos = [()] + [c for size in (1, 2) for c in itertools.combinations(replay.toggles, size)]
+    values = [{**failing, **{t.name: t.passing for t in combo}} for combo in combos]
+    start = time.monotonic()
+    errors = replay.batch(target, values)
+    each = (time.monotonic() - start) / len(values)
+    return [Trial(v, tuple(t.name for t in combo), e, each) for v, combo, e in zip(values, combos, errors)]
+
+
 def reproduce(replay: Replay, target, symptom) -> tuple[bool, list[Trial], list[str]]:
     """The failing set-up first (reproduced when its error matches the symptom), then single flips, then pairs."""
     failing = {t.name: t.failing for t in replay.toggles}
-    first = _try(replay, target, failing, ())
+    ran = _batched(replay, target, failing) if replay.batch is not None else None
+    first = ran[0] if ran else _try(replay, target, failing, ())
     trials = [first]
     if first.error is None or not any(r.search(first.error) for r in symptom.regexes):
         return False, trials, []
@@ -300,7 +352,8 @@ def reproduce(replay: Replay, target, symptom) -> tuple[bool, list[Trial], list[
             if any(set(c.split(" + ")) <= {t.name for t in combo} for c in changes):
                 continue
             values = {**failing, **{t.name: t.passing for t in combo}}
-            trial = _try(replay, target, values, tuple(t.name for t in combo))
+            trial = next(t for t in ran if t.values == values) if ran else \
+                _try(replay, target, values, tuple(t.name for t in combo))
             trials.append(trial)
             if trial.error is None:
                 changes.append(" + ".join(t.name for t in combo))
