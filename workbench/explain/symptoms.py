@@ -161,7 +161,7 @@ def _clue(data: Any, file: str, entry: str) -> Clue:
 
 
 def _cause(data: Any, file: str, symptom: str, group_names: set[str]) -> Cause:
-    from workbench.catalog import CHECK_IDS, VERDICTS
+    from workbench.catalog import CHECK_IDS
 
     if not isinstance(data, dict):
         raise _fail(file, symptom, f"a cause must be a mapping: {data!r}")
@@ -179,8 +179,9 @@ def _cause(data: Any, file: str, symptom: str, group_names: set[str]) -> Cause:
     if unknown:
         raise _fail(file, entry, f"checks {unknown} are not in the catalog (python -m workbench checks)")
     confirms = tuple(data.get("confirms") or DEFAULT_CONFIRMS)
-    if set(confirms) - set(VERDICTS):
-        raise _fail(file, entry, f"confirms {confirms}: verdicts are {', '.join(VERDICTS)}")
+    if not confirms or set(confirms) - set(DEFAULT_CONFIRMS):
+        # pass and info are a check's healthy answers, skip and error are no answer: neither confirms a cause
+        raise _fail(file, entry, f"confirms {list(confirms)}: only {' and '.join(DEFAULT_CONFIRMS)} confirm a cause")
     fix = _text(data, "fix", file, entry)
     fields = set(re.findall(r"(?<!\{)\{(\w+)\}(?!\})", fix + " " + _text(data, "cause", file, entry)))
     if fields - set(FIX_FIELDS) - group_names:
