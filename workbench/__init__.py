@@ -15,6 +15,10 @@ import importlib
 from typing import Any
 
 _SURFACE: dict[str, str] = {
+    # the causes of an error text (a callable package: `wb.explain(text)`)
+    "explain": "workbench.explain",
+    # the IPython magic (`%load_ext workbench`: %workbench explain)
+    "load_ipython_extension": "workbench.interactive.magic",
     # the catalog and the notebook contract
     "CHECKS": "workbench.catalog",
     "NOTEBOOKS": "workbench.catalog",

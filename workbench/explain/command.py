@@ -57,7 +57,14 @@ def explain_command(args) -> int:
     if args.ckpt and explanation.seen is not None:
         from workbench.explain.confirm import confirm
 
-        code = confirm(explanation, args)
+        try:
+            code = confirm(explanation, args)
+        except UsageError as exc:
+            if not args.reproduce:
+                raise
+            # a config alone (no weights) still gives a twin: the reproduction goes on, the checks cannot run
+            explanation.confirmation = {"target": args.ckpt, "checks": [], "notebooks": [], "seconds": 0.0,
+                                        "report": None, "not_run": str(exc)}
     if args.reproduce and explanation.seen is not None:
         from workbench.explain.reproduce import reproduce_for
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import string
 from typing import IO, Any, Iterable
 
 from workbench.display.result import Displayable
@@ -71,6 +70,7 @@ class Explanation(Displayable):
     also: list[Seen]
     nearest: list[tuple[Symptom, float]]
     confirmation: dict[str, Any] | None = None  # what `--ckpt` ran (workbench.explain.confirm)
+    reproduction: dict[str, Any] | None = None  # what `--reproduce` replayed (workbench.explain.reproduce)
 
     def view(self):
         from workbench.explain.view import explanation_view
@@ -100,6 +100,8 @@ class Explanation(Displayable):
                               for s, score in self.nearest]
         if self.confirmation is not None:
             out["confirmation"] = self.confirmation
+        if self.reproduction is not None:
+            out["reproduction"] = {k: v for k, v in self.reproduction.items() if k != "text"}
         return out
 
 
@@ -143,16 +145,13 @@ def _line_of(text: str, m: re.Match[str]) -> str:
     return text[start:end if end >= 0 else len(text)].strip()[:200]
 
 
-class _Blank(dict):
-    """Format fields the text did not give: left as the placeholder's name in angle brackets."""
-
-    def __missing__(self, key: str) -> str:
-        return f"<{key}>"
+FIELD = re.compile(r"(?<!\{)\{(\w+)\}(?!\})")
 
 
 def fill_fix(fix: str, fields: dict[str, str]) -> str:
-    names = {k: v for k, v in fields.items() if v}
-    return string.Formatter().vformat(fix, (), _Blank(names))
+    """`{module}`-style fields filled from the text; a field the text did not give stays visible as `<module>`.
+    Other braces (a dict literal such as `{"use_reentrant": False}`) are left as they are."""
+    return FIELD.sub(lambda m: fields.get(m.group(1)) or f"<{m.group(1)}>", fix)
 
 
 def rank_causes(symptom: Symptom, hit: Hit | None, reading: Reading) -> list[RankedCause]:

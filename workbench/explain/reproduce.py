@@ -376,19 +376,30 @@ def reproduce_for(explanation, args) -> dict[str, Any]:
 
         return {"symptom": symptom.id, "reproduced": None,
                 "note": f"no replay for {symptom.id} yet; the replays cover {', '.join(sorted(known))}"}
-    target = resolve_target(args.ckpt, base=args.base)
-    target.require_model()
+    config_dir = config_folder(args.ckpt, args.base)
     setup = args.setup or DEFAULT_SETUP
     folder = Path(tempfile.mkdtemp(prefix="workbench-twin-"))
-    twin_dir = build_twin(target.model_dir, folder / "twin")
+    twin_dir = build_twin(config_dir, folder / "twin")
     twin = resolve_target(str(twin_dir), setup=setup, quant=args.quant or "none")
     reproduced, trials, changes = reproduce(replay, twin, symptom)
-    result = Reproduction(symptom.id, replay.step, f"{type_name(twin_dir)} from {target.model_dir}/config.json",
+    result = Reproduction(symptom.id, replay.step, f"{type_name(twin_dir)} from {config_dir}/config.json",
                           setup, reproduced, trials, changes, replay.simulated,
                           "" if reproduced else "the twin's step did not raise this symptom's error: the cause is "
                                                 "not in this set-up's toggles, or needs the real sizes")
-    print(result.text())
-    return result.as_dict()
+    return {**result.as_dict(), "text": result.text()}
+
+
+def config_folder(ckpt: str, base: str | None) -> Path:
+    """The folder whose config.json the twin copies: CKPT itself when it holds one (weights are not needed), else
+    the model an adapter folder, a Trainer output_dir or a hub id resolves to (headers only, nothing loaded)."""
+    from workbench.model.target import resolve_target
+
+    folder = Path(ckpt).expanduser()
+    if (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file() and not base:
+        return folder
+    target = resolve_target(ckpt, base=base, headers_only=True, hub="headers")
+    target.require_model()
+    return Path(target.model_dir)
 
 
 def type_name(folder: Path) -> str:

@@ -67,11 +67,18 @@ def explanation_view(expl: Explanation) -> Display:
     blocks = _symptom_block(expl)
     if expl.confirmation:
         conf = expl.confirmation
-        blocks.append(Paragraph(f"Confirmed on {conf['target']}: ran {', '.join(conf['checks']) or 'no check'} "
-                                f"({conf['seconds']:.0f} s)" + (f"; report: {conf['report']}" if conf.get('report')
-                                                               else "")))
+        if conf.get("not_run"):
+            blocks.append(Paragraph(f"Not confirmed on {conf['target']}: {conf['not_run']}"))
+        else:
+            blocks.append(Paragraph(f"Confirmed on {conf['target']}: ran {', '.join(conf['checks']) or 'no check'} "
+                                    f"({conf['seconds']:.0f} s)" + (f"; report: {conf['report']}" if conf.get('report')
+                                                                   else "")))
     blocks.append(Heading("Causes, most likely first", level=4))
     blocks += [_cause_block(i, c) for i, c in enumerate(expl.causes, 1)]
+    if expl.reproduction:
+        blocks.append(Heading("Reproduced on a tiny twin" if expl.reproduction.get("reproduced") else
+                              "Reproduction on a tiny twin", level=4))
+        blocks.append(Pre(expl.reproduction.get("text") or expl.reproduction.get("note", "")))
     if expl.also:
         blocks.append(Heading("Also in the text", level=4))
         blocks.append(Bullets([Inline(Code(s.symptom.id), f" ({s.symptom.kind}) ",
