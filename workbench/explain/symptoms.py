@@ -24,7 +24,8 @@ Schema of one entry (validated by `load_symptoms`; an invalid file raises `Sympt
           clues:                           # evidence in the text; each raises (weight > 0) or lowers (< 0) it
             - {in: frames, pattern: 'torch/nn/parallel/data_parallel\.py', weight: 3, says: "…"}
           checks: [parallel.trainer_wrap]  # catalog checks that confirm it (their fail/warn) or rule it out (pass)
-          confirms: [fail, warn]           # optional: the verdicts that confirm (default fail, warn)
+          confirms: [fail, warn]           # optional: the verdicts that confirm (default fail, warn; info only where
+                                           # the check's info names this cause; never pass, skip or error)
           fix: "text; {module}, {family}, {script}, {dtype_a}… are filled from the pasted text"
           sources: [https://github.com/huggingface/transformers/issues/…]   # where users reported it
       sources: [...]                       # threads about the symptom as a whole (optional)
@@ -50,6 +51,7 @@ DATA_DIR = Path(__file__).with_name("symptoms")
 KINDS = ("error", "warning", "log")
 CLUE_PLACES = ("frames", "code", "module", "text", "version", "metrics")
 DEFAULT_CONFIRMS = ("fail", "warn")
+CONFIRMING = ("fail", "warn", "info")  # info only where the check's info verdict names the cause itself
 FIX_FIELDS = ("module", "family", "script", "library", "function")  # filled by reading; plus the named groups
 
 
@@ -179,9 +181,10 @@ def _cause(data: Any, file: str, symptom: str, group_names: set[str]) -> Cause:
     if unknown:
         raise _fail(file, entry, f"checks {unknown} are not in the catalog (python -m workbench checks)")
     confirms = tuple(data.get("confirms") or DEFAULT_CONFIRMS)
-    if not confirms or set(confirms) - set(DEFAULT_CONFIRMS):
-        # pass and info are a check's healthy answers, skip and error are no answer: neither confirms a cause
-        raise _fail(file, entry, f"confirms {list(confirms)}: only {' and '.join(DEFAULT_CONFIRMS)} confirm a cause")
+    if set(confirms) - set(CONFIRMING):
+        # pass is a check's healthy answer, skip and error are no answer: none of them confirms a cause. info does
+        # only where the check's info names the cause (tokenizer.vocab: "the adapter saves resized embeddings")
+        raise _fail(file, entry, f"confirms {list(confirms)}: only {', '.join(CONFIRMING)} confirm a cause")
     fix = _text(data, "fix", file, entry)
     fields = set(re.findall(r"(?<!\{)\{(\w+)\}(?!\})", fix + " " + _text(data, "cause", file, entry)))
     if fields - set(FIX_FIELDS) - group_names:
