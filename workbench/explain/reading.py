@@ -28,7 +28,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][AB012]")
 RANK_PREFIX = re.compile(r"^(?:\s*\[(?:rank|default|node)?\d+\]:\s?)+", re.MULTILINE)
 FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>[^\s]+)')
 LOG_RECORD = re.compile(r"""\{\s*['"](?:loss|train_loss|eval_loss|grad_norm|learning_rate)['"]\s*:[^{}]*\}""")
-LOG_FIELD = re.compile(r"""['"](?P<key>[\w/.-]+)['"]\s*:\s*(?P<value>nan|-?inf(?:inity)?|[-+]?\d[\d.eE+-]*|tensor\([^)]*\))""",
+LOG_FIELD = re.compile(r"""['"](?P<key>loss|grad_norm|learning_rate|eval_loss)['"]\s*:\s*(?P<value>nan|-?inf(?:inity)?|[-+]?\d[\d.eE+-]*|tensor\([^)]*\))""",
                        re.IGNORECASE)
 VERSION_LINES = (
     # `transformers env`: "- `transformers` version: 4.46.0"; "- PyTorch version (GPU?): 2.1.0+cu121 (True)"
@@ -143,39 +143,51 @@ class Hit:
         return fields
 
 
-@dataclasses.dataclass
+METRIC_KEYS = ("loss", "grad_norm", "learning_rate", "eval_loss")  # what LOG_CONDITIONS read
+
+
 class LogMetrics:
-    """The Trainer's logged records (`{'loss': …, 'grad_norm': …}` lines, or trainer_state.json's log_history)."""
+    """The Trainer's logged records (`{'loss': …, 'grad_norm': …}` lines, or trainer_state.json's log_history), kept
+    as one column of floats per metric the conditions read (a 100 MB log's records in a few MB), and the
+    (loss, grad_norm) pairs logged together."""
 
-    records: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    def __init__(self) -> None:
+        from array import array
 
-    @property
-    def series(self) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
-        for r in self.records:
-            for k, v in r.items():
-                out.setdefault(k, []).append(v)
-        return out
+        self.count = 0
+        self.series: dict[str, Any] = {k: array("d") for k in METRIC_KEYS}
+        self.loss_grad_pairs = (array("d"), array("d"))
+
+    def add(self, record: dict[str, float]) -> None:
+        kept = {k: v for k, v in record.items() if k in self.series}
+        if not kept:
+            return
+        self.count += 1
+        for k, v in kept.items():
+            self.series[k].append(v)
+        if "loss" in kept and "grad_norm" in kept:
+            self.loss_grad_pairs[0].append(kept["loss"])
+            self.loss_grad_pairs[1].append(kept["grad_norm"])
 
     def paired(self, a: str, b: str) -> list[tuple[float, float]]:
-        return [(r[a], r[b]) for r in self.records if a in r and b in r]
+        if (a, b) != ("loss", "grad_norm"):
+            raise KeyError(f"only (loss, grad_norm) pairs are kept, not ({a}, {b})")
+        return list(zip(*self.loss_grad_pairs))
 
     def zero_run(self, key: str) -> int:
         best = run = 0
-        for v in self.series.get(key, []):
+        for v in self.series.get(key, ()):
             run = run + 1 if v == 0.0 else 0
             best = max(best, run)
         return best
 
     def holds(self, condition: str) -> bool:
-        return bool(self.records) and bool(LOG_CONDITIONS[condition](self))
+        return self.count > 0 and bool(LOG_CONDITIONS[condition](self))
 
     def summary(self) -> dict[str, Any]:
-        s = self.series
-        return {"records": len(self.records),
+        return {"records": self.count,
                 **{k: {"first": v[0], "last": v[-1], "nan": sum(math.isnan(x) for x in v),
-                       "zero": sum(x == 0.0 for x in v)} for k, v in s.items()
-                   if k in ("loss", "grad_norm", "learning_rate", "eval_loss")}}
+                       "zero": sum(x == 0.0 for x in v)} for k, v in self.series.items() if len(v)}}
 
 
 @dataclasses.dataclass
@@ -198,6 +210,10 @@ def clean(text: str) -> str:
 
 
 def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        pass
     t = text.lower()
     if t.startswith("tensor("):
         t = t[7:].split(",")[0].rstrip(")").strip()
@@ -246,17 +262,22 @@ def _state_json(text: str) -> list[dict[str, float]] | None:
 
 
 class _Gate:
-    """A regex with the longest literal any match must contain: blocks are searched for the literal at C speed, and
-    the regex runs only on the lines that hold it (a 100 MB log costs a few scans, not a regex per line)."""
+    """A regex with the literals one of which any match must contain: blocks are searched for the literals at C
+    speed, and the regex runs only on the lines that hold one (a 100 MB log costs a few scans, not a regex per line
+    or a case-insensitive alternation over every character)."""
 
     def __init__(self, key: str, regex: re.Pattern[str]) -> None:
         self.key = key
         self.regex = regex
-        self.literal = _literal(regex.pattern)
+        self.literals = _literals(regex.pattern)
+
+    @property
+    def literal(self) -> str:
+        return self.literals[0] if self.literals and len(self.literals) == 1 else ""
 
     def lines(self, text: str, lower: str) -> Iterator[tuple[int, int, re.Match[str]]]:
-        """(line start, line end, match) of each line of `text` the regex matches."""
-        if not self.literal:
+        """(line start, line end, match) of each line of `text` the regex matches, in order."""
+        if not self.literals:
             for m in self.regex.finditer(text):
                 start = text.rfind("\n", 0, m.start()) + 1
                 end = text.find("\n", m.start())
@@ -265,20 +286,65 @@ class _Gate:
                 if line_match:
                     yield start, end, line_match
             return
-        pos = lower.find(self.literal)
-        while pos >= 0:
-            start = text.rfind("\n", 0, pos) + 1
-            end = text.find("\n", pos)
+        starts: set[int] = set()
+        for literal in self.literals:
+            pos = lower.find(literal)
+            while pos >= 0:
+                start = text.rfind("\n", 0, pos) + 1
+                starts.add(start)
+                end = text.find("\n", pos)
+                if end < 0:
+                    break
+                pos = lower.find(literal, end)
+        for start in sorted(starts):
+            end = text.find("\n", start)
             end = len(text) if end < 0 else end
             m = self.regex.search(text, start, end)
             if m:
                 yield start, end, m
-            pos = lower.find(self.literal, end)
 
 
-def _literal(pattern: str) -> str:
+def _branches(pattern: str) -> list[str]:
+    """The pattern split at its top-level `|` (escapes, classes and groups respected)."""
+    out, depth, start, i = [], 0, 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            j = i + 1
+            if j < len(pattern) and pattern[j] == "^":
+                j += 1
+            if j < len(pattern) and pattern[j] == "]":
+                j += 1
+            while j < len(pattern) and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    out.append(pattern[start:])
+    return out
+
+
+def _literals(pattern: str) -> list[str]:
+    """One required literal per top-level alternative (lowercased), or [] when some alternative has none: then
+    every line is a candidate."""
+    branches = _branches(pattern)
+    found = [_literal(b, shortest=2 if len(branches) > 1 else 4) for b in branches]
+    return found if all(found) else []
+
+
+def _literal(pattern: str, shortest: int = 4) -> str:
     """The longest run of plain characters outside any group that every match of `pattern` contains ('' when the
-    pattern has a top-level alternation or no such run): the gate of `_Gate`."""
+    pattern has a top-level alternation or no run of `shortest` characters): the gate of `_Gate`."""
     runs, current, depth, i = [], "", 0, 0
 
     def end_run() -> None:
@@ -340,7 +406,7 @@ def _literal(pattern: str) -> str:
         i += 1
     end_run()
     best = max(runs, key=len) if runs else ""
-    return best.lower() if len(best.strip()) >= 4 else ""
+    return best.lower() if len(best.strip()) >= shortest else ""
 
 
 @dataclasses.dataclass
@@ -348,17 +414,21 @@ class _State:
     gates: list[_Gate]
     clue_gates: list[_Gate]
     hits: dict[str, Hit] = dataclasses.field(default_factory=dict)
-    metrics: LogMetrics = dataclasses.field(default_factory=LogMetrics)
+    metrics: LogMetrics = dataclasses.field(default_factory=LogMetrics)  # noqa: RUF009 - a fresh one per reading
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     clues_seen: dict[str, str] = dataclasses.field(default_factory=dict)  # text-clue pattern -> the first line
     tail: list[str] = dataclasses.field(default_factory=list)  # the last CONTEXT_LINES lines read
     pending: list[Hit] = dataclasses.field(default_factory=list)  # hits still collecting the lines after them
     lines: int = 0
+    blocks: int = 0
+    last_block: tuple[str, str] = ("", "")  # the last block read, and its lowercase: its clues are read at the end
 
 
 def read_text(source: str | IO[str] | IO[bytes] | Iterable[str], symptoms) -> Reading:
     """Stream `source` once: the symptom hits with their context, the logged metrics, the stated versions, and
-    which `text` clues of the symptoms' causes appear anywhere (a command line at the top of a long log)."""
+    which `text` clues of the symptoms' causes appear in the head or the tail of the text (a command line, the
+    arguments or `transformers env` at the top of a long log; the last lines printed). Around each hit the clues
+    are read in its own block of lines (`Hit.block`)."""
     gates = [_Gate(s.id, r) for s in symptoms for r in s.regexes]
     clue_patterns = dict.fromkeys(c.pattern for s in symptoms for cause in s.causes for c in cause.clues
                                   if c.place == "text")
@@ -373,7 +443,8 @@ def read_text(source: str | IO[str] | IO[bytes] | Iterable[str], symptoms) -> Re
         if first_block:
             history = _state_json(text) if isinstance(source, str) or len(raw) < BLOCK_CHARS else None
             if history is not None:
-                state.metrics.records.extend(r for r in history if r)
+                for record in history:
+                    state.metrics.add(record)
             first_block = False
         cut = text.rfind("\n")
         if cut < 0:
@@ -383,10 +454,25 @@ def read_text(source: str | IO[str] | IO[bytes] | Iterable[str], symptoms) -> Re
         _scan(clean(text), state)
     if carry:
         _scan(clean(carry), state)
+    if state.blocks > 1:  # the tail of a long log: what was printed last, beside the error
+        _scan_clues(*state.last_block, state)
     order = sorted(state.hits.values(), key=lambda h: h.line_number)
     reading = Reading(order, state.metrics, state.versions, state.lines, characters)
     reading.clues_seen = state.clues_seen
     return reading
+
+
+def _scan_clues(text: str, lower: str, state: _State) -> None:
+    """The head and the tail of the text: `text` clues seen anywhere there, and the versions it states."""
+    for m in (m for pattern in VERSION_LINES for m in pattern.finditer(text)):
+        name = PACKAGE_NAMES.get(m["pkg"].lower())
+        if name:
+            state.versions.setdefault(name, m["version"].split("+")[0])
+    for gate in state.clue_gates:
+        if gate.key not in state.clues_seen:
+            for start, end, _m in gate.lines(text, lower):
+                state.clues_seen[gate.key] = text[start:end].strip()[:300]
+                break
 
 
 def _scan(text: str, state: _State) -> None:
@@ -425,19 +511,12 @@ def _scan(text: str, state: _State) -> None:
         state.hits[key] = hit
         if len(hit.after) < AFTER_LINES:
             state.pending.append(hit)
-    for gate in state.clue_gates:
-        if gate.key not in state.clues_seen:
-            for start, end, _m in gate.lines(text, lower):
-                state.clues_seen[gate.key] = text[start:end].strip()[:300]
-                break
+    if state.blocks == 0:  # the head of a log: the command line, the arguments, `transformers env`
+        _scan_clues(text, lower, state)
+    state.last_block = (text, lower)
+    state.blocks += 1
     for m in LOG_RECORD.finditer(text):
-        record = _record(m.group(0))
-        if record:
-            state.metrics.records.append(record)
-    for m in (m for pattern in VERSION_LINES for m in pattern.finditer(text)):
-        name = PACKAGE_NAMES.get(m["pkg"].lower())
-        if name:
-            state.versions[name] = m["version"].split("+")[0]
+        state.metrics.add(_record(m.group(0)))
     state.tail = (state.tail + lines)[-CONTEXT_LINES:]
     state.lines += len(lines)
 
