@@ -1,6 +1,7 @@
 """`make bench`: the cost of a diagnosis, each number against the naive way, measured in the same run.
 
     .venv/bin/python bench/run.py [--repeats 5] [--diagnose-runs 2] [--skip-naive-7b] [--skip-memory]
+    .venv/bin/python bench/run.py --only-explain [--heldout DIR]     # and the other --only-* modes (--help)
 
 Every timed step runs in a fresh Python process (imports warm in the OS cache, then measured in-process with
 perf_counter; peak memory is that process's ru_maxrss), so one measurement's allocations never hide another's.
@@ -689,6 +690,10 @@ def main() -> None:
                         help="just `diagnose` on tiny checkpoints of a few model types outside the demo")
     parser.add_argument("--only-callback", action="store_true",
                         help="just WorkbenchCallback's pre-flight against one model load")
+    parser.add_argument("--only-explain", action="store_true",
+                        help="just `workbench explain`: a traceback, a 100 MB log, --ckpt against diagnose")
+    parser.add_argument("--heldout", metavar="DIR", help="with --only-explain: score the held-out corpus in DIR "
+                        "(cases/NNN.txt and labels.jsonl, kept outside the project)")
     parser.add_argument("--only-census", metavar="OUT",
                         help="just the whole architecture census, timed (about 25 min; families.md/json go to OUT)")
     args = parser.parse_args()
@@ -744,6 +749,14 @@ def main() -> None:
             callback_row(rows, CALLBACK_TEXT, tmp, args.repeats, f"a {label} Llama (bf16, 200 chat rows)",
                          FOLDER=write_llama(tmp / "llama", shape), TOKENIZER=demo.llama, ROWS=200)
         report("callback", "The training callback's pre-flight", rows)
+        return
+    if args.only_explain:
+        from explain_bench import explain_rows
+
+        with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+            note = explain_rows(rows, Path(tmp), args.repeats, demo, Path(args.heldout) if args.heldout else None,
+                                row, stats)
+        report("explain", "`workbench explain`: the text alone, a long log, and --ckpt", rows, note)
         return
     if args.only_census:
         census_rows(rows, Path(args.only_census))
