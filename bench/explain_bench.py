@@ -106,10 +106,14 @@ def explain_rows(rows: list, tmp: Path, repeats: int, demo, heldout: Path | None
     log = write_long_log(tmp / "train.log", 100)
     size = log.stat().st_size / 1e6
     ours = [{"seconds": s} for s in seconds([PY, "-m", "workbench", "explain", str(log)], max(1, repeats // 2))]
-    naive = [{"seconds": s} for s in seconds([PY, "-c", NAIVE_READ, str(log)], 1)]
-    row(rows, f"`workbench explain` of a {size:.0f} MB training log (streamed in 4 MB blocks, literal gates vs the "
-              "whole file read, every pattern on every line)", ours, naive,
-        "bounded memory; the traceback at the end found, its causes ranked")
+    row(rows, f"`workbench explain` of a {size:.0f} MB training log, the traceback at its end (streamed in 4 MB "
+              "blocks)", ours, None, "bounded memory: the log is never held whole; its causes ranked as for the "
+                                     "traceback alone")
+    small = write_long_log(tmp / "train-10.log", 10)
+    ours = [{"seconds": s} for s in seconds([PY, "-m", "workbench", "explain", str(small)], max(1, repeats // 2))]
+    naive = [{"seconds": s} for s in seconds([PY, "-c", NAIVE_READ, str(small)], 1)]
+    row(rows, f"`workbench explain` of a {small.stat().st_size / 1e6:.0f} MB log (literal gates, one per alternative) "
+              "vs the whole file read and every pattern tried on every line", ours, naive, "")
     reports = tmp / "reports"
     ckpt = ["--ckpt", str(demo.qwen_stage2), "--quant", "4bit", "--setup", "qlora_trl_legacy", "--gpus", "2"]
     ours = [{"seconds": s} for s in seconds([PY, "-m", "workbench", "explain", str(crash), *ckpt,

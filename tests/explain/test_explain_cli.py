@@ -87,3 +87,12 @@ def test_the_ipython_magic_explains_a_cell_and_a_file(tmp_path):
     assert repr(ip.run_cell_magic("workbench", "explain", DP_CRASH)).startswith("<Explanation dtype.linear_operands")
     (tmp_path / "crash.log").write_text(DP_CRASH)
     assert ip.run_line_magic("workbench", f"explain {tmp_path / 'crash.log'}").symptom.id == "dtype.linear_operands"
+
+
+def test_the_notebook_call_takes_the_command_lines_options_with_its_defaults():
+    from workbench.cli import build_parser
+    from workbench.explain.command import OPTIONS
+
+    parsed = vars(build_parser().parse_args(["explain", "x.log", "--ckpt", "c"]))
+    assert {k: parsed[k] for k in OPTIONS} == OPTIONS
+    assert set(parsed) - set(OPTIONS) == {"command", "file", "json", "list", "ckpt"}

@@ -6,7 +6,8 @@ import re
 import pytest
 
 from workbench.catalog import CHECK_IDS
-from workbench.explain.reading import LOG_CONDITIONS, _literal, read_text
+from workbench.explain.metrics import LOG_CONDITIONS
+from workbench.explain.reading import _literal, read_text
 from workbench.explain.symptoms import SymptomDataError, load_symptoms
 
 

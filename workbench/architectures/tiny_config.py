@@ -63,7 +63,7 @@ def _own_fields(config) -> dict[str, Any]:
     return {k: v for k, v in vars(config).items() if not k.startswith("_") and not _is_config(v)}
 
 
-def _token_ids(config) -> list[int]:
+def config_token_ids(config) -> list[int]:
     """Every special token id the config names, at every level."""
     out: list[int] = []
     for key, value in _own_fields(config).items():
@@ -72,7 +72,7 @@ def _token_ids(config) -> list[int]:
             out += [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
     for value in vars(config).values():
         if _is_config(value):
-            out += _token_ids(value)
+            out += config_token_ids(value)
     return out
 
 
@@ -272,7 +272,7 @@ def shrunk_fields(config, vocab: int, keep_layer_kinds: bool = True) -> dict[str
 def tiny_config(config_class, keep_layer_kinds: bool = True, **overrides: Any):
     """The config class's defaults, every size shrunk (module docstring); `overrides` go on top."""
     default = config_class()
-    ids = _token_ids(default)
+    ids = config_token_ids(default)
     vocab = max([VOCAB, *[i + 1 for i in ids]])
     fields = shrunk_fields(default, vocab, keep_layer_kinds)
     config = config_class(**{**fields, **image_token_fill(default, fields, ids), **overrides})

@@ -11,6 +11,7 @@ In JupyterLab the package itself is the call, rendered like a finding:
 
 from __future__ import annotations
 
+import argparse
 import sys
 import types
 from typing import Any
@@ -24,13 +25,12 @@ def explain(text: Any, ckpt: str | None = None, **options: Any):
 
     explanation = explain_text(text)
     if ckpt is not None and explanation.seen is not None:
-        from workbench.cli import build_parser
+        from workbench.explain.command import OPTIONS
 
-        args = build_parser().parse_args(["explain", "--ckpt", str(ckpt)])
-        unknown = set(options) - set(vars(args))
+        unknown = set(options) - set(OPTIONS)
         if unknown:
-            raise TypeError(f"explain: unknown options {sorted(unknown)}; use {sorted(set(vars(args)) - {'command'})}")
-        vars(args).update(options, user_offline=False)
+            raise TypeError(f"explain: unknown options {sorted(unknown)}; use {sorted(OPTIONS)}")
+        args = argparse.Namespace(**{**OPTIONS, **options, "ckpt": str(ckpt), "user_offline": False})
         from workbench.explain.confirm import confirm
 
         confirm(explanation, args)

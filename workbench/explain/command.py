@@ -12,6 +12,11 @@ import sys
 
 from workbench.errors import UsageError
 
+# `--ckpt`'s options and their defaults, as `workbench explain` parses them (a test keeps them equal to the parser):
+# what `wb.explain(text, ckpt=…, **options)` accepts in a notebook
+OPTIONS = {"base": None, "setup": None, "quant": None, "gpus": None, "training_args": None, "data": None,
+           "reports_dir": "reports", "reproduce": False}
+
 
 def _open_input(path: str):
     if path == "-":

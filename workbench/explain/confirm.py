@@ -132,7 +132,6 @@ def _compact(evidence: dict[str, Any], limit: int = 2000) -> dict[str, Any]:
 def confirm(explanation, args) -> int:
     """`workbench explain … --ckpt`: resolve the target as `diagnose` does, run the named checks, write the report
     (findings.json + index.html, the symptom on top). Exit 1 when a cause is confirmed."""
-    from workbench.cli import _hub_mode
     from workbench.report.contract import NotebookRun, Report
     from workbench.report.runner import check_reports_dir, new_report_folder
 
@@ -146,7 +145,8 @@ def confirm(explanation, args) -> int:
     from workbench.model.target import resolve_target
 
     target = resolve_target(args.ckpt, base=args.base, quant=args.quant or "none", gpus=args.gpus, setup=args.setup,
-                            data=args.data, training_args=args.training_args, hub=_hub_mode(args))
+                            data=args.data, training_args=args.training_args,
+                            hub="cache" if getattr(args, "user_offline", False) else "headers")
     report = Report.start(target.as_contract())
     temp, final = new_report_folder(reports_dir, f"explain-{explanation.symptom.id}", report.created)
     try:

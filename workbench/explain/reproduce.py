@@ -115,7 +115,7 @@ def build_twin(model_dir: Path, folder: Path) -> Path:
     from transformers import AutoConfig
 
     from workbench.architectures.checkpoints import config_the_class_takes
-    from workbench.architectures.tiny_config import VOCAB, _token_ids, shrunk_fields
+    from workbench.architectures.tiny_config import VOCAB, config_token_ids, shrunk_fields
 
     config = AutoConfig.from_pretrained(model_dir)  # never the checkpoint's own code
     names = list(getattr(config, "architectures", None) or [])
@@ -127,7 +127,7 @@ def build_twin(model_dir: Path, folder: Path) -> Path:
         if arch is None:
             raise ValueError(f"{model_dir}: no transformers class for model_type {config.model_type!r}")
         model_class = getattr(transformers, arch.class_name)
-    vocab = max([VOCAB, *[i + 1 for i in _token_ids(config)]])
+    vocab = max([VOCAB, *[i + 1 for i in config_token_ids(config)]])
     data = _merge(config.to_dict(), shrunk_fields(config, vocab))
     data.pop("quantization_config", None)  # the set-up quantizes, as the user's run did
     twin_config = config_the_class_takes(model_class, type(config).from_dict(data))

@@ -14,7 +14,7 @@ Schema of one entry (validated by `load_symptoms`; an invalid file raises `Sympt
         - 'expected mat1 and mat2 to have the same dtype, but got: (?P<dtype_a>\S+) != (?P<dtype_b>\S+)'
                                            # and `[rank1]:` prefixes are stripped; named groups feed `fix`
       when: loss_zero_grad_nan             # kind log only: a condition on the logged metrics that shows it
-                                           # (`workbench.explain.reading.LOG_CONDITIONS`); patterns then optional
+                                           # (`workbench.explain.metrics.LOG_CONDITIONS`); patterns then optional
       raised_by:                           # the library code that raises or prints it
         - {library: torch, where: "torch.nn.functional.linear (addmm)", releases: ">=2.0"}
       causes:                              # most common first
@@ -34,7 +34,7 @@ Clue places (`in`): `frames` (the traceback's file paths and function names, one
 `code` (the source lines the traceback shows), `module` (the module path the failing line calls, e.g. `lm_head`),
 `text` (the whole pasted block around the match), `version` (a PEP 440 requirement such as `transformers>=4.46,<4.48`
 checked against versions the text states, e.g. from `transformers env`), `metrics` (a condition on logged Trainer
-metrics, see `workbench.explain.reading.LOG_CONDITIONS`).
+metrics, see `workbench.explain.metrics.LOG_CONDITIONS`).
 
 This module imports no torch: `workbench explain` of a text runs in well under half a second.
 """
@@ -150,7 +150,7 @@ def _clue(data: Any, file: str, entry: str) -> Clue:
         except InvalidRequirement as exc:
             raise _fail(file, entry, f"version clue {clue.pattern!r}: {exc}") from None
     elif place == "metrics":
-        from workbench.explain.reading import LOG_CONDITIONS
+        from workbench.explain.metrics import LOG_CONDITIONS
 
         if clue.pattern not in LOG_CONDITIONS:
             raise _fail(file, entry, f"metrics clue {clue.pattern!r}: one of {', '.join(LOG_CONDITIONS)}")
@@ -208,7 +208,7 @@ def _symptom(data: Any, file: str) -> Symptom:
         raise _fail(file, sid, f"kind {data.get('kind')!r}: one of {', '.join(KINDS)}")
     when = data.get("when")
     if when is not None:
-        from workbench.explain.reading import LOG_CONDITIONS
+        from workbench.explain.metrics import LOG_CONDITIONS
 
         if data["kind"] != "log" or when not in LOG_CONDITIONS:
             raise _fail(file, sid, f"when {when!r}: only for kind log, one of {', '.join(LOG_CONDITIONS)}")

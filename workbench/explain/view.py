@@ -5,13 +5,12 @@ them, the fix and the threads. One render gives the terminal text, the HTML repo
 from __future__ import annotations
 
 from workbench.display.nodes import Badge, Bold, Box, Bullets, Code, Display, Heading, Inline, Link, Paragraph, Pre
-from workbench.explain.ranking import Explanation, RankedCause
 
 CONFIRMED_BADGE = {True: "fail", False: "pass", None: "skip"}
 CONFIRMED_WORD = {True: "confirmed on your model", False: "ruled out on your model", None: "not confirmed"}
 
 
-def _symptom_block(expl: Explanation) -> list:
+def _symptom_block(expl) -> list:
     d = expl.seen.as_dict(expl.reading)
     where = [f"{k} {d[k]}" for k in ("module", "family", "library", "function") if d.get(k)]
     blocks = [Heading(Bold("Symptom: "), d["title"], f" ({d['id']})", level=3),
@@ -33,7 +32,7 @@ def _symptom_block(expl: Explanation) -> list:
     return blocks
 
 
-def _cause_block(rank: int, c: RankedCause) -> Box:
+def _cause_block(rank: int, c) -> Box:
     head = Inline(Bold(f"{rank}. "), c.cause.cause)
     if c.confirmed is not None or c.evidence:
         head = Inline(Badge(CONFIRMED_BADGE[c.confirmed]), " ", Bold(CONFIRMED_WORD[c.confirmed]), " · ", head)
@@ -57,7 +56,8 @@ def _joined(parts: list) -> list:
     return out
 
 
-def explanation_view(expl: Explanation) -> Display:
+def explanation_view(expl) -> Display:
+    """The view of a `ranking.Explanation`."""
     if expl.seen is None:
         near = [Inline(Code(s.id), f" — {s.title}: ", Italic_or_plain(s.message)) for s, _ in expl.nearest]
         return Display(Heading("No known symptom in this text", level=3),

@@ -172,7 +172,7 @@ def _passes_kwargs_to_loss(cls: type) -> bool | None:
     return False
 
 
-def _token_ids(config) -> list[int]:
+def config_token_ids(config) -> list[int]:
     ids = []
     for key, value in config.to_dict().items():
         if key.endswith("token_id") and isinstance(value, int) and value >= 0:
@@ -195,7 +195,7 @@ def tiny_twin(model):
     from workbench.architectures.tiny_config import VOCAB, shrunk_fields
 
     config = model.config
-    vocab = max([VOCAB, *[i + 1 for i in _token_ids(config)]])
+    vocab = max([VOCAB, *[i + 1 for i in config_token_ids(config)]])
     fields = _merged(config.to_dict(), shrunk_fields(config, vocab))
     fields.pop("quantization_config", None)
     fields["dtype"] = "float32"
@@ -311,7 +311,7 @@ def accumulation_rows(model, head: str, count: int) -> list[dict[str, Any]]:
     config = model.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     vocab = int(getattr(text, "vocab_size", 256) or 256)
-    special = set(_token_ids(config))
+    special = set(config_token_ids(config))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, max(4, min(vocab, 250)), (count, SEQUENCE), generator=generator)
     for token in special:  # no row holds a special token (a pad id would be read as padding)
