@@ -8,11 +8,12 @@ import pytest
 from workbench.catalog import CHECK_IDS
 from workbench.explain.metrics import LOG_CONDITIONS
 from workbench.explain.reading import _literal, read_text
-from workbench.explain.symptoms import SymptomDataError, load_symptoms
+from workbench.explain.symptoms import SymptomDataError, check_clue_patterns, load_symptoms
 
 
 def test_at_least_forty_symptoms_each_with_causes_checks_from_the_catalog_and_cited_threads():
     symptoms = load_symptoms()
+    check_clue_patterns(symptoms)  # every clue regex compiles, every version requirement parses
     assert len(symptoms) >= 40
     assert len({s.id for s in symptoms}) == len(symptoms)
     for s in symptoms:
@@ -91,6 +92,10 @@ def test_the_schema_refuses_unmatched_messages_unknown_fix_fields_and_missing_so
                      (good.replace("kind: error", "kind: crash"), "kind")):
         with pytest.raises(SymptomDataError, match=why):
             load_symptoms.__wrapped__(_write(tmp_path, bad))
+    clued = good.replace("checks: [grad.flow],", "checks: [grad.flow], clues: [{in: code, pattern: 'a(b', weight: 1, "
+                                                "says: s}],")
+    with pytest.raises(SymptomDataError, match="code clue 'a\\(b'"):
+        check_clue_patterns(load_symptoms.__wrapped__(_write(tmp_path, clued)))
 
 
 def test_log_conditions_named_by_the_data_exist():

@@ -193,10 +193,18 @@ class _Gate:
     speed, and the regex runs only on the lines that hold one (a 100 MB log costs a few scans, not a regex per line
     or a case-insensitive alternation over every character)."""
 
-    def __init__(self, key: str, regex: re.Pattern[str]) -> None:
+    def __init__(self, key: str, pattern: str | re.Pattern[str]) -> None:
         self.key = key
-        self.regex = regex
-        self.literals = _literals(regex.pattern)
+        self.pattern = pattern if isinstance(pattern, str) else pattern.pattern
+        self._regex = None if isinstance(pattern, str) else pattern
+        self.literals = _literals(self.pattern)
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        """Compiled on first use: most clue gates never find their literal in a text."""
+        if self._regex is None:
+            self._regex = re.compile(self.pattern, re.IGNORECASE)
+        return self._regex
 
     @property
     def literal(self) -> str:
@@ -359,7 +367,7 @@ def read_text(source: str | IO[str] | IO[bytes] | Iterable[str], symptoms) -> Re
     gates = [_Gate(s.id, r) for s in symptoms for r in s.regexes]
     clue_patterns = dict.fromkeys(c.pattern for s in symptoms for cause in s.causes for c in cause.clues
                                   if c.place == "text")
-    clue_gates = [_Gate(p, re.compile(p, re.IGNORECASE)) for p in clue_patterns]
+    clue_gates = [_Gate(p, p) for p in clue_patterns]
     state = _State(gates, clue_gates)
     characters = 0
     carry = ""

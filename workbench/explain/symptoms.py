@@ -142,24 +142,31 @@ def _clue(data: Any, file: str, entry: str) -> Clue:
     if not isinstance(weight, (int, float)) or weight == 0 or abs(weight) > 10:
         raise _fail(file, entry, f"clue weight {weight!r}: a non-zero number between -10 and 10")
     clue = Clue(place, _text(data, "pattern", file, entry), float(weight), _text(data, "says", file, entry))
-    if place == "version":
-        from packaging.requirements import InvalidRequirement, Requirement
-
-        try:
-            Requirement(clue.pattern)
-        except InvalidRequirement as exc:
-            raise _fail(file, entry, f"version clue {clue.pattern!r}: {exc}") from None
-    elif place == "metrics":
+    if place == "metrics":
         from workbench.explain.metrics import LOG_CONDITIONS
 
         if clue.pattern not in LOG_CONDITIONS:
             raise _fail(file, entry, f"metrics clue {clue.pattern!r}: one of {', '.join(LOG_CONDITIONS)}")
-    else:
-        try:
-            clue.regex  # noqa: B018 - compiled now so that a bad pattern names its entry
-        except re.error as exc:
-            raise _fail(file, entry, f"clue pattern {clue.pattern!r}: {exc}") from None
     return clue
+
+
+def check_clue_patterns(symptoms: tuple[Symptom, ...]) -> None:
+    """Compile every clue's regex and parse every version requirement, naming the entry of a bad one. Loading does
+    not (a few hundred regexes are a third of a second; an explanation compiles only the ones it reads): the tests
+    and `workbench explain --list` do."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for s in symptoms:
+        for cause in s.causes:
+            for clue in cause.clues:
+                try:
+                    if clue.place == "version":
+                        Requirement(clue.pattern)
+                    else:
+                        clue.regex  # noqa: B018 - compiled here so that a bad pattern names its entry
+                except (re.error, InvalidRequirement) as exc:
+                    raise _fail(s.file, f"{s.id} / {cause.id}", f"{clue.place} clue {clue.pattern!r}: {exc}") \
+                        from None
 
 
 def _cause(data: Any, file: str, symptom: str, group_names: set[str]) -> Cause:

@@ -100,8 +100,9 @@ def len_symptoms() -> int:
 
 def symptom_list_text() -> str:
     """`workbench explain --list`: every symptom, its causes and their checks."""
-    from workbench.explain.symptoms import load_symptoms
+    from workbench.explain.symptoms import check_clue_patterns, load_symptoms
 
+    check_clue_patterns(load_symptoms())
     lines = []
     for s in load_symptoms():
         lines.append(f"{s.id}  ({s.kind})  {s.title}")
