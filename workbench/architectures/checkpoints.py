@@ -30,6 +30,17 @@ def config_the_class_takes(model_class, config):
     return next((v for v in vars(config).values() if isinstance(v, wanted)), config)
 
 
+def fill_zero_weights(model) -> None:
+    """Weights transformers initializes to all zero (a gate, a projection) get small random values, as in any trained
+    checkpoint, so that a zero does not cut a gradient path of the random model."""
+    import torch
+
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim >= 2 and param.is_floating_point() and not param.any():
+                param.normal_(0.0, 0.02)
+
+
 def build_tiny_checkpoint(arch: Architecture, parent: str | Path) -> Path:
     """Save the tiny checkpoint of `arch` under parent/model_type (rebuilt identically; reused when present)."""
     import torch
@@ -53,10 +64,7 @@ def build_tiny_checkpoint(arch: Architecture, parent: str | Path) -> Path:
             raise
         torch.manual_seed(0)
         model = model_class(prefix)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim >= 2 and param.is_floating_point() and not param.any():
-                param.normal_(0.0, 0.02)
+    fill_zero_weights(model)
     model = model.to(getattr(torch, DTYPE)).eval()
     model.config.dtype = DTYPE
     folder.mkdir(parents=True, exist_ok=True)

@@ -271,3 +271,31 @@ def _launch_once(module: str, args: list[str], *, ranks: int, timeout: float, ou
         killed += [p.pid for p in stray]
     return RankRun(command, ranks, timeout, proc.returncode, timed_out, time.monotonic() - start,
                    read_results(out_dir), _tail(log), sorted({proc.pid, *seen}), sorted(set(killed)))
+
+
+def rank_main(description: str, run, argv: list[str] | None = None, default_timeout: float = 600) -> int:
+    """A rank module's `main` under torchrun: `--spec SPEC --out DIR`, the rank's result file, a watchdog on the
+    launcher, `run(spec, log)`, an exception written with its traceback (exit 1), the process group closed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--spec", required=True, help="JSON: target arguments, what to run, timeout")
+    parser.add_argument("--out", required=True, help="folder for rank<N>.json")
+    args = parser.parse_args(argv)
+    log = RankLog(Path(args.out), int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+    code = 0
+    try:
+        spec = json.loads(Path(args.spec).read_text())
+        start_watchdog(spec.get("launcher_pid"), float(spec.get("timeout", default_timeout)) + 30)
+        run(spec, log)
+        log.stage("done")
+    except Exception as exc:  # noqa: BLE001 - written with its traceback for the parent to report
+        log.fail(exc)
+        traceback.print_exc()
+        code = 1
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and code == 0:
+            dist.destroy_process_group()
+    return code

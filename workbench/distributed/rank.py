@@ -14,20 +14,16 @@ traceback, and the rank exits 1.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import importlib.metadata
-import json
 import os
 import sys
-import traceback
-from pathlib import Path
 from typing import Any
 
 from workbench.distributed.ddp import ddp_section
 from workbench.distributed.fsdp import fsdp_section
-from workbench.distributed.launcher import RankLog, start_watchdog
+from workbench.distributed.launcher import RankLog, rank_main
 
 
 def build(target, device):
@@ -83,27 +79,7 @@ def run_rank(spec: dict[str, Any], log: RankLog) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="JSON: target arguments, checks, backend, timeout")
-    parser.add_argument("--out", required=True, help="folder for rank<N>.json")
-    args = parser.parse_args(argv)
-    log = RankLog(Path(args.out), int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
-    code = 0
-    try:
-        spec = json.loads(Path(args.spec).read_text())
-        start_watchdog(spec.get("launcher_pid"), float(spec.get("timeout", 600)) + 30)
-        run_rank(spec, log)
-        log.stage("done")
-    except Exception as exc:  # noqa: BLE001 - written with its traceback for the parent to report
-        log.fail(exc)
-        traceback.print_exc()
-        code = 1
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and code == 0:
-            dist.destroy_process_group()
-    return code
+    return rank_main(__doc__.splitlines()[0], run_rank, argv)
 
 
 if __name__ == "__main__":

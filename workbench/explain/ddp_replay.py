@@ -11,15 +11,10 @@ writes DIR/rank<N>.json after every trial (`launcher.RankLog`), so a rank that c
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
-import os
 import sys
-import traceback
-from pathlib import Path
 
-from workbench.distributed.launcher import RankLog, start_watchdog
+from workbench.distributed.launcher import RankLog, rank_main
 
 
 def run_trials(spec: dict, log: RankLog) -> None:
@@ -56,27 +51,7 @@ def run_trials(spec: dict, log: RankLog) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="JSON: target arguments, trials, timeout")
-    parser.add_argument("--out", required=True, help="folder for rank<N>.json")
-    args = parser.parse_args(argv)
-    log = RankLog(Path(args.out), int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
-    code = 0
-    try:
-        spec = json.loads(Path(args.spec).read_text())
-        start_watchdog(spec.get("launcher_pid"), float(spec.get("timeout", 300)) + 30)
-        run_trials(spec, log)
-        log.stage("done")
-    except Exception as exc:  # noqa: BLE001 - written with its traceback for the parent to report
-        log.fail(exc)
-        traceback.print_exc()
-        code = 1
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and code == 0:
-            dist.destroy_process_group()
-    return code
+    return rank_main(__doc__.splitlines()[0], run_trials, argv, default_timeout=300)
 
 
 if __name__ == "__main__":

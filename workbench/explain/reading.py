@@ -239,6 +239,18 @@ class _Gate:
                 yield start, end, m
 
 
+def _class_end(pattern: str, i: int) -> int:
+    """The index after the character class `[...]` that starts at `i` (`[]…]` and `[^]…]` included)."""
+    j = i + 1
+    if j < len(pattern) and pattern[j] == "^":
+        j += 1
+    if j < len(pattern) and pattern[j] == "]":
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j + 1
+
+
 def _branches(pattern: str) -> list[str]:
     """The pattern split at its top-level `|` (escapes, classes and groups respected)."""
     out, depth, start, i = [], 0, 0, 0
@@ -248,14 +260,7 @@ def _branches(pattern: str) -> list[str]:
             i += 2
             continue
         if c == "[":
-            j = i + 1
-            if j < len(pattern) and pattern[j] == "^":
-                j += 1
-            if j < len(pattern) and pattern[j] == "]":
-                j += 1
-            while j < len(pattern) and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            i = j + 1
+            i = _class_end(pattern, i)
             continue
         if c == "(":
             depth += 1
@@ -304,14 +309,7 @@ def _literal(pattern: str, shortest: int = 4) -> str:
             return ""
         if c == "[":
             end_run()
-            j = i + 1
-            if j < len(pattern) and pattern[j] == "^":
-                j += 1
-            if j < len(pattern) and pattern[j] == "]":
-                j += 1
-            while j < len(pattern) and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            i = j + 1
+            i = _class_end(pattern, i)
             continue
         if c == "(":
             end_run()

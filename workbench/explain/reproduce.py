@@ -114,7 +114,7 @@ def build_twin(model_dir: Path, folder: Path) -> Path:
     import transformers
     from transformers import AutoConfig
 
-    from workbench.architectures.checkpoints import config_the_class_takes
+    from workbench.architectures.checkpoints import config_the_class_takes, fill_zero_weights
     from workbench.architectures.tiny_config import VOCAB, config_token_ids, shrunk_fields
 
     config = AutoConfig.from_pretrained(model_dir)  # never the checkpoint's own code
@@ -135,10 +135,7 @@ def build_twin(model_dir: Path, folder: Path) -> Path:
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     torch.manual_seed(0)
     model = model_class(twin_config)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim >= 2 and param.is_floating_point() and not param.any():
-                param.normal_(0.0, 0.02)
+    fill_zero_weights(model)
     folder.mkdir(parents=True, exist_ok=True)
     model.to(dtype).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
