@@ -84,4 +84,5 @@ def test_notebooks_use_only_the_public_surface(path):
 def test_every_public_name_loads_lazily_from_the_module_that_defines_it():
     for name in workbench.__all__:
         value = getattr(workbench, name)  # the PEP 562 hook imports its module on first use
-        assert getattr(value, "__name__", name) == name, name
+        # `explain` is a callable package: once imported, the attribute is the package workbench.explain itself
+        assert getattr(value, "__name__", name).rpartition(".")[2] == name and (callable(value) or name.isupper()), name
