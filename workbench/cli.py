@@ -1,4 +1,4 @@
-"""`python -m workbench diagnose|explain|census|checks|regressions|demo`: bad input gets one line and exit 2, never a traceback."""
+"""`python -m workbench diagnose|explain|plan|census|checks|regressions|demo`: bad input gets one line and exit 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -103,6 +103,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replay the failing step on a tiny twin of CKPT's family (from its config) on the CPU, "
                         "then name the smallest change of set-up that makes it pass")
 
+    p = sub.add_parser("plan", help="will the training step fit: one step of your model code on fake tensors at full "
+                       "size (no weight read), against a GPU or a budget")
+    p.add_argument("checkpoint", help="a checkpoint folder, a config.json's folder, an adapter folder or a hub id")
+    p.add_argument("--training-args", metavar="FILE", help="TrainingArguments / SFTConfig fields as YAML or JSON "
+                   "(batch, gradient checkpointing and its kwargs, optim, bf16/fp16, gradient accumulation)")
+    p.add_argument("--peft", metavar="ADAPTER", help="an adapter_config.json or adapter folder: LoRA on the model")
+    p.add_argument("--setup", default="plain", choices=["plain", "qlora"],
+                   help="plain: the model as loaded; qlora: a 4-bit base, prepare_model_for_kbit_training, LoRA")
+    p.add_argument("--base", help="for an adapter folder: the base whose config to read")
+    p.add_argument("--seq", type=int, help="sequence length (default: the training arguments' max_length, else 1024)")
+    p.add_argument("--batch", type=int, help="per-device batch (default: the training arguments')")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where the step runs (default cuda)")
+    p.add_argument("--dtype", default="auto", help="load dtype: auto (config.json's), bf16, fp16, fp32")
+    p.add_argument("--gpu", help="the GPU's name (h100, a100-40gb, l4, rtx4090, …)")
+    p.add_argument("--memory", help="the memory budget instead of --gpu: 24GiB, 80GB, bytes")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs in the launch (DDP: adds its buffers)")
+    p.add_argument("--quick", action="store_true", help="the step alone: no largest batch / sequence, no toggles")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
     sub.add_parser("regressions", help="the table of known regressions run.versions checks a run against")
 
     lab = sub.add_parser("lab", help="JupyterLab with the panel and the notebooks open (prints the URL)")
@@ -184,6 +203,12 @@ def cmd_explain(args) -> int:
     from workbench.explain.command import explain_command
 
     return explain_command(args)
+
+
+def cmd_plan(args) -> int:
+    from workbench.plan.command import plan_command
+
+    return plan_command(args)
 
 
 def cmd_regressions(args) -> int:
@@ -335,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args.user_offline = user_offline
     handler = {"diagnose": cmd_diagnose, "census": cmd_census, "checks": cmd_checks, "demo": cmd_demo,
                "lab": cmd_lab, "families": cmd_families, "regressions": cmd_regressions,
-               "explain": cmd_explain}[args.command]
+               "explain": cmd_explain, "plan": cmd_plan}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

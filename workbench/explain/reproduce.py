@@ -373,6 +373,8 @@ def reproduce_for(explanation, args) -> dict[str, Any]:
 
         return {"symptom": symptom.id, "reproduced": None,
                 "note": f"no replay for {symptom.id} yet; the replays cover {', '.join(sorted(known))}"}
+    from workbench.model.target import config_folder
+
     config_dir = config_folder(args.ckpt, args.base)
     setup = args.setup or DEFAULT_SETUP
     folder = Path(tempfile.mkdtemp(prefix="workbench-twin-"))
@@ -384,19 +386,6 @@ def reproduce_for(explanation, args) -> dict[str, Any]:
                           "" if reproduced else "the twin's step did not raise this symptom's error: the cause is "
                                                 "not in this set-up's toggles, or needs the real sizes")
     return {**result.as_dict(), "text": result.text()}
-
-
-def config_folder(ckpt: str, base: str | None) -> Path:
-    """The folder whose config.json the twin copies: CKPT itself when it holds one (weights are not needed), else
-    the model an adapter folder, a Trainer output_dir or a hub id resolves to (headers only, nothing loaded)."""
-    from workbench.model.target import resolve_target
-
-    folder = Path(ckpt).expanduser()
-    if (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file() and not base:
-        return folder
-    target = resolve_target(ckpt, base=base, headers_only=True, hub="headers")
-    target.require_model()
-    return Path(target.model_dir)
 
 
 def type_name(folder: Path) -> str:

@@ -355,3 +355,14 @@ def _model_folder(checkpoint: str, folder: Path, adapter_dir: Path | None, base:
                          "workbench does not unpickle checkpoints unless asked: convert them to safetensors, or pass "
                          "--allow-pickle (transformers then loads them with torch.load(weights_only=True))")
     return model_dir, base_ref, base_source
+
+
+def config_folder(ckpt: str, base: str | None) -> Path:
+    """The folder whose config.json describes CKPT's model: CKPT itself when it holds one (weights are not needed), else
+    the model an adapter folder, a Trainer output_dir or a hub id resolves to (headers only, nothing loaded)."""
+    folder = Path(ckpt).expanduser()
+    if (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file() and not base:
+        return folder
+    target = resolve_target(ckpt, base=base, headers_only=True, hub="headers")
+    target.require_model()
+    return Path(target.model_dir)

@@ -1,0 +1,229 @@
+"""The plan: the measured step, what fake tensors cannot see as cited lines, and against a memory budget whether it
+fits, the largest batch and sequence length that fit, and which toggle would make it fit by how much.
+
+    plan = make_plan(setup, budget_bytes=…, budget_name="h100")
+    plan.peak_bytes, plan.fits, plan.largest_batch, plan.toggles
+
+Every number the plan states comes from a fake-tensor step of the user's model code (`step.fake_step`), except the
+`unseen.yaml` terms, which are shown as their own lines with their sources. The largest batch is read from two steps
+(the memory above the weights and states grows linearly with the batch: activations); the largest sequence length
+from three (attention can grow with its square). A toggle is another step with that one change, except the optimizer
+ones, whose states are arithmetic on the trainable parameters (bitsandbytes' 8-bit Adam: 2 bytes a parameter for its
+two states plus the blockwise statistics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+from workbench.display.result import Displayable
+from workbench.errors import UsageError
+
+UNSEEN = Path(__file__).with_name("unseen.yaml")
+GPUS = Path(__file__).with_name("gpus.yaml")
+GIB = 2**30
+
+
+@functools.cache
+def unseen_terms() -> tuple[dict[str, Any], ...]:
+    import yaml
+
+    return tuple(yaml.safe_load(UNSEEN.read_text()))
+
+
+@functools.cache
+def gpu_table() -> dict[str, dict[str, Any]]:
+    import yaml
+
+    return {name: row for row in yaml.safe_load(GPUS.read_text()) for name in row["names"]}
+
+
+def gpu_bytes(name: str) -> int:
+    row = gpu_table().get(name.lower().replace(" ", "-"))
+    if row is None:
+        raise UsageError(f"--gpu {name}: not a GPU this planner knows; pass --memory BYTES (e.g. 24GiB) or one of "
+                         f"{', '.join(sorted({r['names'][0] for r in gpu_table().values()}))}")
+    return int(row["gib"] * GIB)
+
+
+def parse_bytes(text: str) -> int:
+    """'24GiB', '80GB', '1.5e10' -> bytes."""
+    import re
+
+    m = re.fullmatch(r"\s*([\d.]+(?:e\d+)?)\s*(b|kib|mib|gib|tib|kb|mb|gb|tb)?\s*", text.lower())
+    if not m:
+        raise UsageError(f"--memory {text}: a size such as 24GiB, 80GB or 25769803776")
+    units = {None: 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
+             "gb": 10**9, "tb": 10**12}
+    return int(float(m.group(1)) * units[m.group(2)])
+
+
+@dataclasses.dataclass
+class Term:
+    id: str
+    bytes: int
+    low: int | None
+    high: int | None
+    what: str
+    source: list[str]
+    read_from: str
+    measured: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def terms_for(setup, step, gpus: int) -> list[Term]:
+    """The unseen.yaml lines that apply to this device and launch, in bytes."""
+    scale = {"activation_bytes": step.breakdown.get("activations", 0) + step.breakdown.get("temporaries", 0),
+             "trainable_gradient_bytes": step.trainable_parameters * 4}
+    out = []
+    for row in unseen_terms():
+        if row["device"] not in ("any", setup.device):
+            continue
+        if row["when"] == "distributed" and gpus <= 1:
+            continue
+        if "per" in row:
+            base = scale[row["per"]]
+            amount, low, high = (int(base * row["factor"]), int(base * row.get("low_factor", row["factor"])),
+                                 int(base * row.get("high_factor", row["factor"])))
+        else:
+            amount, low, high = int(row["bytes"]), row.get("low"), row.get("high")
+        if row["id"] == "glibc_heap" and step.allocator_peak_bytes is not None:
+            amount = max(0, step.allocator_peak_bytes - (step.peak_bytes - step.weights_bytes))
+        out.append(Term(row["id"], amount, low, high, " ".join(row["what"].split()), list(row["source"]),
+                        row["read_from"], bool(row.get("measured"))))
+    return out
+
+
+@dataclasses.dataclass(repr=False)
+class Plan(Displayable):
+    setup: Any
+    step: Any
+    terms: list[Term]
+    gpus: int
+    budget_bytes: int | None = None
+    budget_name: str | None = None
+    largest_batch: int | None = None
+    largest_seq: int | None = None
+    toggles: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.step.peak_bytes + sum(t.bytes for t in self.terms)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.budget_bytes is None else self.peak_bytes <= self.budget_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        breakdown = {k: v for k, v in self.step.breakdown.items() if k != "total"}
+        breakdown.update({f"unseen: {t.id}": t.bytes for t in self.terms})
+        return {"device": self.setup.device, "budget": {"name": self.budget_name, "bytes": self.budget_bytes},
+                "peak_bytes": self.peak_bytes, "weights_bytes": self.step.weights_bytes,
+                "tensor_peak_bytes": self.step.peak_bytes, "first_step_peak_bytes": self.step.first_step_peak_bytes,
+                "breakdown": breakdown, "unseen": [t.as_dict() for t in self.terms],
+                "top_modules": self.step.top_modules, "phase": self.step.phase, "fits": self.fits,
+                "largest_batch": self.largest_batch, "largest_seq": self.largest_seq, "toggles": self.toggles,
+                "setup": self.setup.as_dict(), "optimizer": self.step.optimizer,
+                "trainable_parameters": self.step.trainable_parameters, "parameters": self.step.parameters,
+                "notes": self.step.notes, "seconds": round(self.step.seconds, 1)}
+
+    def view(self):
+        from workbench.plan.view import plan_view
+
+        return plan_view(self)
+
+    def __repr__(self) -> str:
+        return f"<Plan {self.setup.config.model_type} peak {self.peak_bytes / GIB:.2f} GiB fits={self.fits}>"
+
+
+def _step(setup):
+    from workbench.plan.step import fake_step
+
+    return fake_step(setup)
+
+
+def _planned(setup, gpus: int) -> int:
+    step = _step(setup)
+    return step.peak_bytes + sum(t.bytes for t in terms_for(setup, step, gpus))
+
+
+def _largest_batch(plan: Plan) -> int | None:
+    """From steps at batch b and 2b: memory is affine in the batch."""
+    setup, b = plan.setup, plan.setup.batch
+    one, two = plan.peak_bytes, _planned(setup.replace(batch=2 * b), plan.gpus)
+    per = (two - one) / b
+    if per <= 0:
+        return None
+    fixed = one - per * b
+    return max(0, math.floor((plan.budget_bytes - fixed) / per))
+
+
+def _largest_seq(plan: Plan) -> int | None:
+    """From steps at s/2, s and 2s: a quadratic in the sequence length (attention's square where it is kept)."""
+    setup, s = plan.setup, plan.setup.seq
+    points = [(s // 2, _planned(setup.replace(seq=max(1, s // 2)), plan.gpus)), (s, plan.peak_bytes),
+              (2 * s, _planned(setup.replace(seq=2 * s), plan.gpus))]
+    (x0, y0), (x1, y1), (x2, y2) = points
+    # Lagrange form of the quadratic through the three points, then its largest root within the budget
+    def at(x: float) -> float:
+        return (y0 * (x - x1) * (x - x2) / ((x0 - x1) * (x0 - x2)) + y1 * (x - x0) * (x - x2) / ((x1 - x0) * (x1 - x2))
+                + y2 * (x - x0) * (x - x1) / ((x2 - x0) * (x2 - x1)))
+
+    if at(1) > plan.budget_bytes:
+        return 0
+    lo, hi = 1, 2 * s
+    while at(hi) <= plan.budget_bytes and hi < 2**24:
+        hi *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) <= plan.budget_bytes else (lo, mid)
+    return lo
+
+
+def _toggle(plan: Plan, name: str, change: str, peak: int) -> dict[str, Any]:
+    return {"toggle": name, "change": change, "peak_bytes": peak, "saves_bytes": plan.peak_bytes - peak,
+            "fits": None if plan.budget_bytes is None else peak <= plan.budget_bytes}
+
+
+def _toggles(plan: Plan) -> list[dict[str, Any]]:
+    setup, out = plan.setup, []
+    args = setup.args
+    if not args.gradient_checkpointing:
+        changed = dataclasses.replace(args, gradient_checkpointing=True,
+                                      gradient_checkpointing_kwargs={"use_reentrant": False})
+        out.append(_toggle(plan, "gradient checkpointing", "gradient_checkpointing=True, "
+                           "gradient_checkpointing_kwargs={'use_reentrant': False}",
+                           _planned(setup.replace(args=changed), plan.gpus)))
+    if setup.setup != "qlora":
+        out.append(_toggle(plan, "4-bit base (QLoRA)", "BitsAndBytesConfig(load_in_4bit=True, "
+                           "bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True) + LoRA",
+                           _planned(setup.replace(setup="qlora"), plan.gpus)))
+    states = plan.step.breakdown.get("optimizer states", 0)
+    if states and "8bit" not in str(args.optim):
+        eight = 2 * plan.step.trainable_parameters + 2 * 4 * math.ceil(plan.step.trainable_parameters / 2048)
+        out.append(_toggle(plan, "8-bit optimizer", "optim='adamw_bnb_8bit' (bitsandbytes AdamW8bit: two uint8 "
+                           "states a parameter, fp32 absmax per 2048)", plan.peak_bytes - states + eight))
+    out.append(_toggle(plan, "half the sequence", f"max_length={setup.seq // 2}",
+                       _planned(setup.replace(seq=max(1, setup.seq // 2)), plan.gpus)))
+    if setup.peft and setup.peft.get("modules_to_save"):
+        peft = {**setup.peft, "modules_to_save": None}
+        out.append(_toggle(plan, "no modules_to_save", f"drop modules_to_save={setup.peft['modules_to_save']} "
+                           "(train the head with LoRA or not at all)", _planned(setup.replace(peft=peft), plan.gpus)))
+    return sorted(out, key=lambda t: -t["saves_bytes"])
+
+
+def make_plan(setup, *, budget_bytes: int | None = None, budget_name: str | None = None, gpus: int = 1,
+              explore: bool = True) -> Plan:
+    step = _step(setup)
+    plan = Plan(setup, step, terms_for(setup, step, gpus), gpus, budget_bytes, budget_name)
+    if budget_bytes is not None and explore:
+        plan.largest_batch = _largest_batch(plan)
+        plan.largest_seq = _largest_seq(plan)
+        plan.toggles = _toggles(plan)
+    return plan

@@ -1,0 +1,79 @@
+"""The real thing the plan predicts, measured: a real `transformers.Trainer` runs the same steps on the CPU, in a fresh
+process, on a model built from the same config with random weights, and the resident memory it reaches above the
+loaded model is read from the kernel (`ru_maxrss`, against VmRSS once the model is built). Used by `make bench` and
+the tests to hold the planner to what a run does.
+
+    python -m workbench.plan.real_step CONFIG_DIR ARGS_JSON [ADAPTER_CONFIG.json] --seq N
+    -> {"weights_rss_bytes": …, "peak_rss_bytes": …, "above_weights_bytes": …, "seconds": …}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config_dir")
+    parser.add_argument("training_args", help="JSON object of TrainingArguments fields")
+    parser.add_argument("peft", nargs="?", help="an adapter_config.json: LoRA on the model")
+    parser.add_argument("--seq", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    import gc
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from workbench.runtime import quiet_and_offline
+
+    quiet_and_offline()
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(args.config_dir)
+    dtype = getattr(config, "dtype", None) or torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    if args.peft:
+        from peft import LoraConfig, get_peft_model
+
+        fields = json.loads(open(args.peft).read())
+        known = set(LoraConfig.__dataclass_fields__)
+        model = get_peft_model(model, LoraConfig(**{k: v for k, v in fields.items() if k in known}))
+    fields = json.loads(args.training_args)
+    batch = int(fields.get("per_device_train_batch_size", 8))
+    rows = [{"input_ids": [1 + (i + j) % 100 for j in range(args.seq)], "labels": [1 + (i + j) % 100
+                                                                                  for j in range(args.seq)],
+             "attention_mask": [1] * args.seq} for i in range(batch * args.steps * int(
+                 fields.get("gradient_accumulation_steps", 1)))]
+    out = tempfile.mkdtemp(prefix="workbench-real-step-")
+    training = TrainingArguments(output_dir=out, max_steps=args.steps, report_to=[], save_strategy="no",
+                                 logging_strategy="no", use_cpu=True, dataloader_num_workers=0,
+                                 disable_tqdm=True, **fields)
+    trainer = Trainer(model=model, args=training, train_dataset=rows)
+    gc.collect()
+    before = _rss()
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    print(json.dumps({"weights_bytes": weights, "rss_before_bytes": before, "peak_rss_bytes": peak,
+                      "above_weights_bytes": peak - before, "seconds": seconds}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""What is planned: the model (config.json of a checkpoint, an adapter folder's base, a hub id's config), the set-up
+(plain: as loaded; qlora: the 4-bit base, prepare_model_for_kbit_training), the adapter (`--peft`: an
+adapter_config.json or an adapter folder; a qlora set-up without one gets the workbench's fresh LoRA), the training
+arguments as the user writes them (TrainingArguments / SFTConfig fields), the batch and sequence length.
+
+    setup = plan_setup(ckpt, training_args="args.yaml", peft=None, setup="plain", seq=None, batch=None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import UsageError
+
+SETUPS = ("plain", "qlora")
+DEFAULT_SEQ = 1024  # when neither --seq nor the training arguments' max_length / max_seq_length say
+
+
+@dataclasses.dataclass
+class PlanSetup:
+    checkpoint: str
+    model_dir: Path
+    config: Any  # transformers PretrainedConfig
+    setup: str
+    peft: dict[str, Any] | None  # the adapter config's fields (PEFT's own keys)
+    peft_source: str | None
+    args: Any  # TrainingArguments (or SFTConfig) built from the user's fields
+    args_source: str
+    batch: int
+    seq: int
+    seq_source: str
+    device: str
+    dtype: Any  # the load dtype (torch.dtype)
+
+    def replace(self, **changes: Any) -> PlanSetup:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return bool(self.args.gradient_checkpointing)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "model_type": self.config.model_type, "setup": self.setup,
+                "peft": self.peft_source, "training_args": self.args_source, "batch": self.batch, "seq": self.seq,
+                "seq_source": self.seq_source, "gradient_checkpointing": self.gradient_checkpointing,
+                "optimizer": str(self.args.optim), "bf16": bool(self.args.bf16), "fp16": bool(self.args.fp16),
+                "gradient_accumulation_steps": self.args.gradient_accumulation_steps, "device": self.device,
+                "dtype": str(self.dtype).removeprefix("torch.")}
+
+
+def read_peft(path: str) -> dict[str, Any]:
+    """An adapter_config.json, or the one in an adapter folder: its fields."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "adapter_config.json"
+    if not p.is_file():
+        raise UsageError(f"--peft {path}: no adapter_config.json there; pass the adapter folder or its "
+                         "adapter_config.json")
+    try:
+        data = json.loads(p.read_text())
+    except ValueError as exc:
+        raise UsageError(f"--peft {p}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("peft_type", "LORA") != "LORA":
+        raise UsageError(f"--peft {p}: a LoRA adapter_config.json is expected (peft_type LORA)")
+    return data
+
+
+def _arguments(training_args: str | None, overrides: dict[str, Any]):
+    from workbench.probes.train.configuration import build_arguments, read_training_args_file
+
+    if training_args:
+        cls, fields = read_training_args_file(training_args)
+        source = training_args
+    else:
+        from transformers import TrainingArguments
+
+        cls, fields, source = TrainingArguments, {}, "the TrainingArguments defaults"
+    fields = {**fields, **{k: v for k, v in overrides.items() if v is not None}}
+    return build_arguments(cls, fields, "--training-args"), source
+
+
+def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str | None = None, setup: str = "plain",
+               seq: int | None = None, batch: int | None = None, device: str = "cuda", dtype: str = "auto",
+               base: str | None = None) -> PlanSetup:
+    """Resolve the checkpoint's config (headers only: no weight is read) and the training set-up; UsageError on bad
+    input."""
+    import torch
+
+    from workbench.model.target import config_folder
+
+    if setup not in SETUPS:
+        raise UsageError(f"--setup {setup}: the planner knows {', '.join(SETUPS)}")
+    if seq is not None and seq < 1 or batch is not None and batch < 1:
+        raise UsageError("--seq and --batch: use 1 or more")
+    model_dir = config_folder(checkpoint, base)  # a config.json alone is enough: no weight is read
+    folder = Path(checkpoint).expanduser()
+    adapter_dir = folder if (folder / "adapter_config.json").is_file() else None
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except (ValueError, KeyError, OSError) as exc:
+        raise UsageError(f"{checkpoint}: its config.json cannot be read by transformers "
+                         f"({str(exc).splitlines()[0][:200]})") from None
+    peft_fields, peft_source = None, None
+    if peft:
+        peft_fields, peft_source = read_peft(peft), peft
+    elif adapter_dir is not None:
+        peft_fields, peft_source = read_peft(str(adapter_dir)), str(adapter_dir)
+    args, args_source = _arguments(training_args, {"per_device_train_batch_size": batch})
+    if seq is None:
+        seq = next((getattr(args, k) for k in ("max_length", "max_seq_length") if getattr(args, k, None)), None)
+        seq_source = "the training arguments" if seq else f"the default ({DEFAULT_SEQ}; pass --seq)"
+        seq = seq or DEFAULT_SEQ
+    else:
+        seq_source = "--seq"
+    if dtype == "auto":
+        load = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32"
+        load_dtype = getattr(torch, load) if isinstance(load, str) else load
+    else:
+        names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        if dtype not in names:
+            raise UsageError(f"--dtype {dtype}: one of auto, {', '.join(names)}")
+        load_dtype = names[dtype]
+    return PlanSetup(checkpoint, Path(model_dir), config, setup, peft_fields, peft_source, args, args_source,
+                     int(args.per_device_train_batch_size), int(seq), seq_source, device, load_dtype)
