@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", help="the GPU's name (h100, a100-40gb, l4, rtx4090, …)")
     p.add_argument("--memory", help="the memory budget instead of --gpu: 24GiB, 80GB, bytes")
     p.add_argument("--gpus", type=int, default=1, help="GPUs in the launch (DDP: adds its buffers)")
+    p.add_argument("--packed", action="store_true", help="batches without padding (packing, or every row at the full "
+                   "length): the model skips its attention mask (default: padded batches; SFTConfig(packing=True) "
+                   "implies it)")
     p.add_argument("--quick", action="store_true", help="the step alone: no largest batch / sequence, no toggles")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 

@@ -17,7 +17,8 @@ def plan_command(args) -> int:
         raise UsageError("--gpu and --memory: give one (the GPU's memory, or the budget in bytes)")
     budget = gpu_bytes(args.gpu) if args.gpu else parse_bytes(args.memory) if args.memory else None
     setup = plan_setup(args.checkpoint, training_args=args.training_args, peft=args.peft, setup=args.setup,
-                       seq=args.seq, batch=args.batch, device=args.device, dtype=args.dtype, base=args.base)
+                       seq=args.seq, batch=args.batch, device=args.device, dtype=args.dtype, base=args.base,
+                       packed=True if args.packed else None)
     plan = make_plan(setup, budget_bytes=budget, budget_name=args.gpu or args.memory, gpus=args.gpus,
                      explore=not args.quick)
     if args.json:

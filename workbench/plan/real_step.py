@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("peft", nargs="?", help="an adapter_config.json: LoRA on the model")
     parser.add_argument("--seq", type=int, required=True)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--packed", action="store_true", help="no padded position (the plan's --packed)")
     args = parser.parse_args(argv)
 
     import gc
@@ -54,10 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         model = get_peft_model(model, LoraConfig(**{k: v for k, v in fields.items() if k in known}))
     fields = json.loads(args.training_args)
     batch = int(fields.get("per_device_train_batch_size", 8))
-    rows = [{"input_ids": [1 + (i + j) % 100 for j in range(args.seq)], "labels": [1 + (i + j) % 100
-                                                                                  for j in range(args.seq)],
-             "attention_mask": [1] * args.seq} for i in range(batch * args.steps * int(
-                 fields.get("gradient_accumulation_steps", 1)))]
+    # each row's last position padded, as a padding collator leaves the shorter rows of a batch (the plan's default;
+    # --packed: none)
+    padded = 0 if args.packed else 1
+    rows = [{"input_ids": [1 + (i + j) % 100 for j in range(args.seq)],
+             "labels": [1 + (i + j) % 100 for j in range(args.seq - padded)] + [-100] * padded,
+             "attention_mask": [1] * (args.seq - padded) + [0] * padded}
+            for i in range(batch * args.steps * int(fields.get("gradient_accumulation_steps", 1)))]
     out = tempfile.mkdtemp(prefix="workbench-real-step-")
     training = TrainingArguments(output_dir=out, max_steps=args.steps, report_to=[], save_strategy="no",
                                  logging_strategy="no", use_cpu=True, dataloader_num_workers=0,

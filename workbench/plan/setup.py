@@ -34,6 +34,7 @@ class PlanSetup:
     seq_source: str
     device: str
     dtype: Any  # the load dtype (torch.dtype)
+    packed: bool = False  # batches without padding (packing, or every row at max_length): no attention mask
 
     def replace(self, **changes: Any) -> PlanSetup:
         return dataclasses.replace(self, **changes)
@@ -48,7 +49,7 @@ class PlanSetup:
                 "seq_source": self.seq_source, "gradient_checkpointing": self.gradient_checkpointing,
                 "optimizer": str(self.args.optim), "bf16": bool(self.args.bf16), "fp16": bool(self.args.fp16),
                 "gradient_accumulation_steps": self.args.gradient_accumulation_steps, "device": self.device,
-                "dtype": str(self.dtype).removeprefix("torch.")}
+                "dtype": str(self.dtype).removeprefix("torch."), "packed": self.packed}
 
 
 def read_peft(path: str) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def _arguments(training_args: str | None, overrides: dict[str, Any]):
 
 def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str | None = None, setup: str = "plain",
                seq: int | None = None, batch: int | None = None, device: str = "cuda", dtype: str = "auto",
-               base: str | None = None) -> PlanSetup:
+               base: str | None = None, packed: bool | None = None) -> PlanSetup:
     """Resolve the checkpoint's config (headers only: no weight is read) and the training set-up; UsageError on bad
     input."""
     import torch
@@ -125,5 +126,7 @@ def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str |
         if dtype not in names:
             raise UsageError(f"--dtype {dtype}: one of auto, {', '.join(names)}")
         load_dtype = names[dtype]
+    if packed is None:  # trl's SFTConfig(packing=True) packs rows without padding
+        packed = bool(getattr(args, "packing", False))
     return PlanSetup(checkpoint, Path(model_dir), config, setup, peft_fields, peft_source, args, args_source,
-                     int(args.per_device_train_batch_size), int(seq), seq_source, device, load_dtype)
+                     int(args.per_device_train_batch_size), int(seq), seq_source, device, load_dtype, packed)

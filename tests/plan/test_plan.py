@@ -1,0 +1,175 @@
+"""The training-memory planner: a fake-tensor step measures what a real step holds, the tracker's changes keep
+torch's numbers, deep uniform stacks extend exactly, the 4-bit storage is bitsandbytes', the allocator model is
+glibc's policy, and bad input is one line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from workbench.plan.cpu_allocator import MMAP_THRESHOLD, GlibcHeap, glibc_peak
+
+
+def tiny_qwen2(folder, layers=2, hidden=64, vocab=512, **extra):
+    from transformers import Qwen2Config
+
+    Qwen2Config(hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=vocab, architectures=["Qwen2ForCausalLM"], dtype="float32",
+                tie_word_embeddings=False, **extra).save_pretrained(folder)
+    return folder
+
+
+LORA = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 16,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+def lora_file(tmp_path, **extra):
+    path = tmp_path / "adapter_config.json"
+    path.write_text(json.dumps({**LORA, **extra}))
+    return path
+
+
+def real_tensor_step(folder, peft=None, batch=4, seq=64, tracker_class=None):
+    """The same two steps on real tensors, tracked: the reference the fake step must equal."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from workbench.plan.tracker import PeftMemTracker
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32)
+    if peft:
+        model = get_peft_model(model, LoraConfig(**{k: v for k, v in peft.items() if k != "peft_type"}))
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    ids = torch.zeros((batch, seq), dtype=torch.long)
+    mask = torch.ones_like(ids)
+    mask[:, -1] = 0  # a padded position, as a padding collator leaves (the plan's default)
+    tracker = (tracker_class or PeftMemTracker)()
+    tracker.track_external(model, opt)
+    with tracker:
+        for step in range(2):
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+            loss.backward()
+            del loss
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if step == 0:
+                tracker.reset_mod_stats()
+    return next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+
+
+def plan_of(folder, **options):
+    from workbench.plan.setup import plan_setup
+    from workbench.plan.step import fake_step
+
+    return fake_step(plan_setup(str(folder), **options))
+
+
+@pytest.mark.parametrize("peft", [None, LORA], ids=["full", "lora"])
+def test_the_fake_step_holds_what_the_real_step_holds(tmp_path, peft):
+    folder = tiny_qwen2(tmp_path / "m")
+    planned = plan_of(folder, peft=str(lora_file(tmp_path)) if peft else None, seq=64, batch=4, device="cpu")
+    real = real_tensor_step(folder, peft, batch=4, seq=64)
+    assert abs(planned.peak_bytes - real) <= 0.01 * real, (planned.peak_bytes, real)
+    assert planned.phase.startswith(("forward", "backward", "optimizer"))
+    assert (planned.breakdown["optimizer states"] > planned.breakdown["weights"]) == (peft is None)
+
+
+def test_our_tracker_keeps_torchs_numbers_where_torchs_own_runs(tmp_path):
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    folder = tiny_qwen2(tmp_path / "m")
+    assert real_tensor_step(folder) == real_tensor_step(folder, tracker_class=MemTracker)
+    with pytest.raises(RuntimeError, match="doesn't require gradient"):  # why PeftMemTracker exists
+        real_tensor_step(folder, LORA, tracker_class=MemTracker)
+
+
+def test_a_deep_uniform_stack_extends_exactly_from_two_and_four_layers(tmp_path):
+    from workbench.plan.setup import plan_setup
+    from workbench.plan.step import _fake_step, fake_step, uniform_depth
+
+    folder = tiny_qwen2(tmp_path / "m", layers=7)
+    setup = plan_setup(str(folder), peft=str(lora_file(tmp_path)), seq=32, batch=2, device="cuda")
+    assert uniform_depth(setup.config) == 7
+    extended, whole = fake_step(setup), _fake_step(setup)
+    assert extended.weights_bytes == whole.weights_bytes
+    assert extended.trainable_parameters == whole.trainable_parameters
+    # the peak's moment can shift between categories on a tiny model; its total stays within a thousandth
+    assert abs(extended.peak_bytes - whole.peak_bytes) <= 1e-3 * whole.peak_bytes
+    assert any("measured at 2 and 4 layers" in n for n in extended.notes)
+
+
+def test_non_uniform_stacks_run_every_layer(tmp_path):
+    from transformers import AutoConfig
+
+    from workbench.plan.step import uniform_depth
+
+    mixed = tiny_qwen2(tmp_path / "mixed", layers=6, layer_types=["full_attention", "sliding_attention"] * 3,
+                       use_sliding_window=True, sliding_window=16)
+    assert uniform_depth(AutoConfig.from_pretrained(mixed)) is None
+    shallow = tiny_qwen2(tmp_path / "shallow", layers=4)
+    assert uniform_depth(AutoConfig.from_pretrained(shallow)) is None
+
+
+def test_the_4bit_base_stores_what_bitsandbytes_stores(tmp_path):
+    folder = tiny_qwen2(tmp_path / "m", hidden=128)
+    four = plan_of(folder, setup="qlora", seq=32, batch=2, device="cpu")
+    plain = plan_of(folder, seq=32, batch=2, device="cpu")
+    linear = sum(n for n in (128 * 128 * 2 + 128 * 64 * 2, 3 * 128 * 384) for _ in range(2))  # q,o,k,v + mlp per layer
+    packed = linear // 2 + linear // 64  # nf4 bytes + one uint8 absmax per 64 values (double quantization)
+    # everything else (embeddings, norms, head) in fp32 after prepare_model_for_kbit_training, plus the LoRA
+    assert four.weights_bytes < plain.weights_bytes - 4 * linear + packed + 0.1 * plain.weights_bytes
+    assert any("4-bit" in n for n in four.notes)
+
+
+def test_glibc_policy_raises_the_threshold_keeps_heap_holes_and_trims_the_top():
+    heap = GlibcHeap()
+    heap.malloc(1, 8 << 20)  # above the start threshold: its own mmap
+    assert heap.mmapped >= 8 << 20 and heap.top == 0
+    heap.free(1)  # the threshold rises to that chunk
+    assert heap.threshold > 8 << 20 and heap.mmapped == 0
+    heap.malloc(2, 8 << 20)
+    heap.malloc(3, 1 << 10)  # a small live chunk above it pins the heap
+    heap.free(2)
+    assert heap.top > 8 << 20  # the hole stays resident
+    heap.malloc(4, 4 << 20)  # and is reused
+    assert heap.top < 9 << 20
+    trace = [(MMAP_THRESHOLD * 2, 1), (-1, 1), (1 << 20, 2), (-1, 2)]
+    assert glibc_peak(trace) >= MMAP_THRESHOLD * 2
+
+
+def bad(*args):
+    return subprocess.run([sys.executable, "-m", "workbench", "plan", *map(str, args)], capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    folder = tiny_qwen2(tmp_path / "m")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    for args, why in (((tmp_path / "missing",), "does not exist"), ((folder, "--gpu", "b200x"), "not a GPU"),
+                      ((folder, "--memory", "lots"), "a size such as"), ((folder, "--seq", "0"), "1 or more"),
+                      ((tmp_path / "broken",), "cannot be read"), ((folder, "--peft", tmp_path), "adapter_config")):
+        result = bad(*args)
+        assert result.returncode == 2 and why in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_json_has_the_issue_fields_and_a_budget_gives_the_largest_batch_and_toggles(tmp_path):
+    folder = tiny_qwen2(tmp_path / "m")
+    result = subprocess.run([sys.executable, "-m", "workbench", "plan", str(folder), "--peft",
+                             str(lora_file(tmp_path)), "--seq", "64", "--batch", "4", "--memory", "64MiB", "--json"],
+                            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert result.returncode in (0, 1), result.stderr
+    d = json.loads(result.stdout)
+    assert {"device", "peak_bytes", "weights_bytes", "breakdown", "top_modules", "phase", "fits", "largest_batch",
+            "largest_seq", "toggles"} <= set(d)
+    assert result.returncode == (0 if d["fits"] else 1)
+    assert d["device"] == "cuda" and "unseen: cuda_context" in d["breakdown"]
+    assert all(t["source"] for t in d["unseen"])
+    assert {t["toggle"] for t in d["toggles"]} >= {"gradient checkpointing", "4-bit base (QLoRA)", "half the sequence"}
+    assert d["largest_batch"] is not None and d["largest_seq"] is not None
+    assert d["top_modules"][0]["module"].endswith(("lm_head", "ForCausalLM", "model"))
