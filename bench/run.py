@@ -694,6 +694,8 @@ def main() -> None:
                         help="just `workbench explain`: a traceback, a 100 MB log, --ckpt against diagnose")
     parser.add_argument("--heldout", metavar="DIR", help="with --only-explain: score the held-out corpus in DIR "
                         "(cases/NNN.txt and labels.jsonl, kept outside the project)")
+    parser.add_argument("--only-plan", action="store_true",
+                        help="just `workbench plan`: planned vs a real Trainer step on four set-ups, a 70B-shaped plan")
     parser.add_argument("--only-census", metavar="OUT",
                         help="just the whole architecture census, timed (about 25 min; families.md/json go to OUT)")
     args = parser.parse_args()
@@ -757,6 +759,22 @@ def main() -> None:
             note = explain_rows(rows, Path(tmp), args.repeats, demo, Path(args.heldout) if args.heldout else None,
                                 row, stats)
         report("explain", "`workbench explain`: the text alone, a long log, and --ckpt", rows, note)
+        return
+    if args.only_plan:
+        from plan_bench import measured_rows, plan_70b_seconds
+
+        with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+            lines, _records = measured_rows(Path(tmp))
+            seventy = plan_70b_seconds(Path(tmp), max(1, args.repeats // 2))
+        row(rows, "`workbench plan` of a 70B-shaped Llama, QLoRA + gradient checkpointing, batch 1 × 2048, against "
+                  "an H100 (a process: imports, the meta build, the 2- and 4-layer steps)",
+            [{"seconds": s} for s in seventy], None, "goal: seconds; no weight read")
+        note = ("Planned against measured, MiB above the loaded weights (a real `transformers.Trainer`, two steps, "
+                "this CPU, a fresh process; errors: plan vs the fixed-threshold run / vs the default run):\n\n"
+                "| set-up (90M Qwen2) | real, glibc default | real, MALLOC_MMAP_THRESHOLD_=131072 | planned tensors | "
+                "planned + glibc replay | accelerate's 4× rule | plan time |\n|---|---|---|---|---|---|---|\n"
+                + "\n".join(lines))
+        report("plan", "`workbench plan`: planned against a real Trainer step", rows, note)
         return
     if args.only_census:
         census_rows(rows, Path(args.only_census))

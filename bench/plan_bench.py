@@ -1,0 +1,110 @@
+"""`make bench` rows of `workbench plan` (bench/run.py --only-plan): planned against measured, with the peers' rule.
+
+For four set-ups of a 90M-parameter Qwen2 (built from its config, random weights; none of them tuned to): a full
+fine-tune, LoRA, LoRA with gradient checkpointing, LoRA with a trainable head at a long sequence. Each is measured as
+a real `transformers.Trainer` runs two steps on this CPU in a fresh process (`workbench.plan.real_step`: resident
+memory above the loaded model), with glibc's default malloc and with `MALLOC_MMAP_THRESHOLD_=131072` (no dynamic
+threshold: resident memory follows the live tensors), and planned with `workbench plan --device cpu`. The peers' rule
+is `accelerate estimate-memory`'s: training with Adam takes 4× the model's size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+MIB = 2**20
+
+LORA = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 16, "lora_alpha": 32,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+SETUPS = [  # (name, TrainingArguments fields, adapter config or None, seq)
+    ("full fine-tune, batch 4 × 256", {"per_device_train_batch_size": 4}, None, 256),
+    ("LoRA r16, batch 8 × 512", {"per_device_train_batch_size": 8}, LORA, 512),
+    ("LoRA r16 + gradient checkpointing, batch 8 × 512",
+     {"per_device_train_batch_size": 8, "gradient_checkpointing": True}, LORA, 512),
+    ("LoRA r16 + trainable lm_head, batch 2 × 1024", {"per_device_train_batch_size": 2},
+     {**LORA, "modules_to_save": ["lm_head"]}, 1024),
+]
+
+
+def write_model(folder: Path) -> Path:
+    from transformers import Qwen2Config
+
+    Qwen2Config(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                num_key_value_heads=2, vocab_size=32000, architectures=["Qwen2ForCausalLM"], dtype="float32",
+                tie_word_embeddings=False).save_pretrained(folder)
+    return folder
+
+
+def _json(argv: list[str], env: dict | None = None) -> dict:
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=1800, stdin=subprocess.DEVNULL,
+                          env={**os.environ, **(env or {})})
+    line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("{")), None)
+    if proc.returncode not in (0, 1) or line is None:
+        raise RuntimeError(f"{argv} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(line) if line.rstrip().endswith("}") and "\n" not in line else json.loads(proc.stdout)
+
+
+def measured_rows(tmp: Path) -> tuple[list[str], list[dict]]:
+    model = write_model(tmp / "qwen2-90m")
+    lines, records = [], []
+    for name, args, adapter, seq in SETUPS:
+        extra = []
+        if adapter:
+            path = tmp / f"adapter-{len(records)}.json"
+            path.write_text(json.dumps(adapter))
+            extra = [str(path)]
+        real_cmd = [PY, "-m", "workbench.plan.real_step", str(model), json.dumps(args), *extra, "--seq", str(seq)]
+        default = _json(real_cmd)
+        fixed = _json(real_cmd, {"MALLOC_MMAP_THRESHOLD_": "131072"})
+        args_file = tmp / f"args-{len(records)}.json"
+        args_file.write_text(json.dumps(args))
+        start = time.perf_counter()
+        proc = subprocess.run([PY, "-m", "workbench", "plan", str(model), "--training-args", str(args_file),
+                               *(["--peft", extra[0]] if extra else []), "--seq", str(seq), "--device", "cpu",
+                               "--quick", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=1800,
+                              stdin=subprocess.DEVNULL)
+        seconds = time.perf_counter() - start
+        plan = json.loads(proc.stdout)
+        tensors = plan["tensor_peak_bytes"] - plan["weights_bytes"]
+        glibc = plan["peak_bytes"] - plan["weights_bytes"]
+        rule = 3 * plan["weights_bytes"]  # accelerate: 4x the model for Adam, i.e. 3x above the weights
+        record = {"setup": name, "real_default": default["above_weights_bytes"],
+                  "real_fixed_threshold": fixed["above_weights_bytes"], "plan_tensors": tensors,
+                  "plan_with_glibc": glibc, "accelerate_rule": rule, "plan_seconds": seconds}
+        records.append(record)
+
+        def err(x: int, ref: int) -> str:
+            return f"{(x - ref) / ref:+.0%}"
+
+        lines.append(f"| {name} | {default['above_weights_bytes'] / MIB:,.0f} | "
+                     f"{fixed['above_weights_bytes'] / MIB:,.0f} | {tensors / MIB:,.0f} "
+                     f"({err(tensors, fixed['above_weights_bytes'])} / {err(tensors, default['above_weights_bytes'])}) "
+                     f"| {glibc / MIB:,.0f} ({err(glibc, default['above_weights_bytes'])}) | {rule / MIB:,.0f} "
+                     f"({err(rule, default['above_weights_bytes'])}) | {seconds:.1f} s |")
+    return lines, records
+
+
+def plan_70b_seconds(tmp: Path, repeats: int) -> list[float]:
+    from transformers import LlamaConfig
+
+    folder = tmp / "llama-70b-shaped"
+    LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                num_key_value_heads=8, vocab_size=128256, architectures=["LlamaForCausalLM"], dtype="bfloat16",
+                max_position_embeddings=8192).save_pretrained(folder)
+    args = tmp / "args-70b.json"
+    args.write_text(json.dumps({"per_device_train_batch_size": 1, "gradient_checkpointing": True, "bf16": True}))
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([PY, "-m", "workbench", "plan", str(folder), "--setup", "qlora", "--training-args", str(args),
+                        "--seq", "2048", "--gpu", "h100", "--quick"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=1800, stdin=subprocess.DEVNULL, check=False)
+        out.append(time.perf_counter() - start)
+    return out
