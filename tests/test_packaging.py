@@ -78,7 +78,8 @@ def test_the_wheel_declares_requirements_script_and_package_data(wheel):
     shipped = {f"workbench/notebooks/{nb.name}.ipynb" for nb in NOTEBOOKS} | {
         "workbench/parameters/defaults.yaml", "workbench/parameters/recipes.yaml",
         "workbench/probes/run/regressions.yaml", "workbench/report/template/workbench_report/report.css",
-        "workbench/explain/symptoms/dtype.yaml", "workbench/explain/symptoms/logs.yaml",
+        "workbench/explain/symptoms/dtype.yaml", "workbench/explain/symptoms/logs.yaml", "workbench/plan/unseen.yaml",
+        "workbench/plan/gpus.yaml",
         "workbench/report/template/workbench_report/index.html.j2", "workbench/cli.py", "workbench/model/hub.py"}
     assert shipped <= names, sorted(shipped - names)
 

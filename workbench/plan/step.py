@@ -17,6 +17,11 @@ from typing import Any
 
 import torch
 
+from workbench.model.setups import lora_config_for
+from workbench.plan.cpu_allocator import glibc_peak
+from workbench.plan.fake_model import describe_trainable, on_fake_storage, output_head_names, quantize_4bit
+from workbench.plan.tracker import PeftMemTracker
+
 STEPS = 2
 
 
@@ -53,8 +58,6 @@ def _meta_model(setup):
     if setup.setup == "qlora":
         from peft import prepare_model_for_kbit_training
 
-        from workbench.plan.fake_model import output_head_names, quantize_4bit
-
         quant = getattr(config, "quantization_config", None) or {}
         quant = quant if isinstance(quant, dict) else quant.to_dict()
         skip = output_head_names(model) | set(quant.get("llm_int8_skip_modules") or [])
@@ -74,8 +77,6 @@ def _meta_model(setup):
             fields["inference_mode"] = False
             config_obj = LoraConfig(**fields)
         else:
-            from workbench.model.setups import lora_config_for
-
             config_obj = lora_config_for(model)
             notes.append(f"a fresh LoRA (r={config_obj.r}) on {sorted(config_obj.target_modules)}: pass --peft for "
                          "yours")
@@ -170,9 +171,6 @@ def fake_step(setup) -> StepMemory:
 def _fake_step(setup) -> StepMemory:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from workbench.plan.fake_model import describe_trainable, on_fake_storage
-    from workbench.plan.tracker import PeftMemTracker
-
     start = time.monotonic()
     model, notes = _meta_model(setup)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -216,8 +214,6 @@ def _fake_step(setup) -> StepMemory:
         breakdown = tracker.breakdown()
     allocator = None
     if setup.device == "cpu":
-        from workbench.plan.cpu_allocator import glibc_peak
-
         allocator = glibc_peak(tracker.trace)
     return StepMemory(breakdown["total"], breakdown, tracker.peak_phase or "", first, weights,
                       tracker.top_modules(), counts["trainable_parameters"], counts["parameters"], optimizer_name,
