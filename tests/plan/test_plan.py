@@ -87,6 +87,7 @@ def test_our_tracker_keeps_torchs_numbers_where_torchs_own_runs(tmp_path):
         real_tensor_step(folder, LORA, tracker_class=MemTracker)
 
 
+@pytest.mark.slow
 def test_a_deep_uniform_stack_extends_exactly_from_two_and_four_layers(tmp_path):
     from workbench.plan.setup import plan_setup
     from workbench.plan.step import _fake_step, fake_step, uniform_depth
@@ -114,6 +115,7 @@ def test_non_uniform_stacks_run_every_layer(tmp_path):
     assert uniform_depth(AutoConfig.from_pretrained(shallow)) is None
 
 
+@pytest.mark.slow
 def test_the_4bit_base_stores_what_bitsandbytes_stores(tmp_path):
     folder = tiny_qwen2(tmp_path / "m", hidden=128)
     four = plan_of(folder, setup="qlora", seq=32, batch=2, device="cpu")
@@ -158,6 +160,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_json_has_the_issue_fields_and_a_budget_gives_the_largest_batch_and_toggles(tmp_path):
     folder = tiny_qwen2(tmp_path / "m")
     result = subprocess.run([sys.executable, "-m", "workbench", "plan", str(folder), "--peft",
