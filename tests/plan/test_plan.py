@@ -127,6 +127,18 @@ def test_the_4bit_base_stores_what_bitsandbytes_stores(tmp_path):
     assert any("4-bit" in n for n in four.notes)
 
 
+def test_fsdp_shards_the_model_states_and_keeps_the_activations_whole():
+    from types import SimpleNamespace
+
+    from workbench.plan.planner import Plan, fsdp_peak
+
+    step = SimpleNamespace(peak_bytes=100, breakdown={"weights": 40, "gradients": 8, "optimizer states": 16,
+                                                      "activations": 30, "temporaries": 6, "total": 100})
+    plan = Plan(SimpleNamespace(config=SimpleNamespace(num_hidden_layers=4)), step, [], 1)
+    assert fsdp_peak(plan, 4) == (40 + 8 + 16) // 4 + 36 + 2 * 40 // 4
+    assert fsdp_peak(plan, 8) < fsdp_peak(plan, 2) < plan.peak_bytes
+
+
 def test_glibc_policy_raises_the_threshold_keeps_heap_holes_and_trims_the_top():
     heap = GlibcHeap()
     heap.malloc(1, 8 << 20)  # above the start threshold: its own mmap
@@ -174,6 +186,8 @@ def test_json_has_the_issue_fields_and_a_budget_gives_the_largest_batch_and_togg
     assert d["device"] == "cuda" and "unseen: cuda_context" in d["breakdown"]
     assert all(t["source"] for t in d["unseen"])
     assert {t["toggle"] for t in d["toggles"]} >= {"gradient checkpointing", "4-bit base (QLoRA)", "half the sequence"}
+    fsdp = next(t for t in d["toggles"] if t["toggle"].startswith("FSDP over "))
+    assert fsdp["peak_bytes"] < d["peak_bytes"] and "arithmetic" in fsdp["computed"]
     assert d["largest_batch"] is not None and d["largest_seq"] is not None
     assert d["top_modules"][0]["module"].endswith(("lm_head", "ForCausalLM", "model"))
 

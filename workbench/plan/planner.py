@@ -9,7 +9,8 @@ Every number the plan states comes from a fake-tensor step of the user's model c
 (the memory above the weights and states grows linearly with the batch: activations); the largest sequence length
 from three (attention can grow with its square). A toggle is another step with that one change, except the optimizer
 ones, whose states are arithmetic on the trainable parameters (bitsandbytes' 8-bit Adam: 2 bytes a parameter for its
-two states plus the blockwise statistics).
+two states plus the blockwise statistics), and FSDP over more GPUs, arithmetic on the measured categories
+(`fsdp_peak`; a fake FSDP step with FSDPMemTracker is not built yet).
 """
 
 from __future__ import annotations
@@ -191,6 +192,34 @@ def _toggle(plan: Plan, name: str, change: str, peak: int) -> dict[str, Any]:
             "fits": None if plan.budget_bytes is None else peak <= plan.budget_bytes}
 
 
+FSDP_GPUS = (2, 4, 8)
+
+
+def fsdp_peak(plan: Plan, gpus: int) -> int:
+    """The peak per GPU under FSDP's full sharding on `gpus` GPUs, from the measured step: weights, gradients and
+    optimizer states divided among the ranks (FSDP2's fully_shard, ZeRO-3), activations and temporaries whole on
+    each, plus one layer's parameters all-gathered and the next one prefetched (two units of weights / layers)."""
+    b = plan.step.breakdown
+    sharded = b.get("weights", 0) + b.get("buffers", 0) + b.get("gradients", 0) + b.get("optimizer states", 0)
+    layers = max(1, int(getattr(plan.setup.config, "num_hidden_layers", 1) or 1))
+    gathered = 2 * b.get("weights", 0) // layers
+    rest = plan.peak_bytes - sharded
+    return sharded // gpus + rest + gathered
+
+
+def _fsdp_toggle(plan: Plan) -> dict[str, Any] | None:
+    """The fewest GPUs under FSDP full sharding that fit the budget (or 8 when none does)."""
+    if plan.budget_bytes is None:
+        return None
+    chosen = next((n for n in FSDP_GPUS if fsdp_peak(plan, n) <= plan.budget_bytes), FSDP_GPUS[-1])
+    toggle = _toggle(plan, f"FSDP over {chosen} GPUs", f"fsdp='full_shard' (FSDP2 fully_shard / ZeRO-3) on {chosen} "
+                     "GPUs: weights, gradients and optimizer states sharded, activations whole on each",
+                     fsdp_peak(plan, chosen))
+    toggle["computed"] = ("arithmetic on the measured step: (weights + gradients + states) / GPUs + activations + "
+                          "two layers' weights gathered; not a fake FSDP step")
+    return toggle
+
+
 def _toggles(plan: Plan) -> list[dict[str, Any]]:
     setup, out = plan.setup, []
     args = setup.args
@@ -211,6 +240,9 @@ def _toggles(plan: Plan) -> list[dict[str, Any]]:
                            "states a parameter, fp32 absmax per 2048)", plan.peak_bytes - states + eight))
     out.append(_toggle(plan, "half the sequence", f"max_length={setup.seq // 2}",
                        _planned(setup.replace(seq=max(1, setup.seq // 2)), plan.gpus)))
+    fsdp = _fsdp_toggle(plan)
+    if fsdp is not None:
+        out.append(fsdp)
     if setup.peft and setup.peft.get("modules_to_save"):
         peft = {**setup.peft, "modules_to_save": None}
         out.append(_toggle(plan, "no modules_to_save", f"drop modules_to_save={setup.peft['modules_to_save']} "
