@@ -116,3 +116,61 @@ def test_versions_stated_by_transformers_env_feed_version_clues():
     assert expl.reading.versions == {"transformers": "4.46.1", "torch": "2.4.0"}
     assert expl.symptom.id == "logs.ga_inflated_loss"
     assert any("transformers 4.46.1" in why for why in expl.causes[0].why)
+
+
+WINDOWS_CHAINED = ("Traceback (most recent call last):\n"
+                   '  File "C:\\Users\\İlker\\train.py", line 40, in <module>\n    trainer.train()\n'
+                   '  File "C:\\Python311\\Lib\\site-packages\\torch\\nn\\parallel\\data_parallel.py", line 193, '
+                   "in forward\n    outputs = self.parallel_apply(replicas, inputs, module_kwargs)\n"
+                   '  File "C:\\Python311\\Lib\\site-packages\\transformers\\models\\llama\\modeling_llama.py", '
+                   "line 1190, in forward\n    logits = self.lm_head(hidden_states)\n"
+                   "RuntimeError: expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16\n\n"
+                   "During handling of the above exception, another exception occurred:\n\n"
+                   "Traceback (most recent call last):\n"
+                   '  File "/x/site-packages/wandb/sdk/wandb_run.py", line 2000, in finish\n    self.run.finish()\n'
+                   "KeyError: 'x'\n" + "İstanbul, a line whose lowercase is longer\n" * 30)
+
+IPYTHON = """---------------------------------------------------------------------------
+RuntimeError                              Traceback (most recent call last)
+Cell In[3], line 3
+----> 3 out = model(**batch)
+File ~/venv/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py:1190, in LlamaForCausalLM.forward(self)
+   1189 hidden_states = outputs[0]
+-> 1190 logits = self.lm_head(hidden_states)
+RuntimeError: expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16
+"""
+
+
+def test_windows_paths_a_chained_exception_and_letters_whose_lowercase_is_longer():
+    import subprocess
+    import sys
+
+    code = ("import sys, json; from workbench.explain.ranking import explain_text; "
+            "print(json.dumps(explain_text(sys.stdin.read()).as_dict(), allow_nan=False))")
+    # a subprocess with a timeout: a gate that does not advance would loop forever
+    result = subprocess.run([sys.executable, "-c", code], input=WINDOWS_CHAINED, capture_output=True, text=True,
+                            timeout=120)
+    data = json.loads(result.stdout)
+    s = data["symptom"]
+    assert (s["library"], s["family"], s["module"]) == ("transformers", "llama", "lm_head")  # not wandb's frame
+    assert s["script"] == "C:/Users/İlker/train.py"
+    assert data["causes"][0]["id"].endswith("dataparallel_replica")
+
+
+def test_ipython_tracebacks_give_frames_and_the_failing_line():
+    d = explain_text(IPYTHON).as_dict()["symptom"]
+    assert (d["family"], d["module"], d["library"]) == ("llama", "lm_head", "transformers")
+
+
+def test_an_earlier_traceback_lends_no_frames_to_a_later_error():
+    first = ('Traceback (most recent call last):\n  File "/home/me/old_script.py", line 3, in <module>\n    f()\n'
+             "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn\n")
+    expl = explain_text(first + ISLAND_CRASH)
+    assert expl.symptom.id == "dtype.linear_operands"
+    assert all("old_script" not in f for f in expl.as_dict()["symptom"]["frames"])
+
+
+def test_json_of_a_nan_log_is_strict_json():
+    log = "".join(f"{{'loss': {v}, 'grad_norm': nan, 'learning_rate': 1e-05}}\n" for v in (0.0, 0.0, 0.0))
+    text = json.dumps(explain_text(log).as_dict(), allow_nan=False)
+    assert '"nan"' in text

@@ -74,8 +74,11 @@ def explain_command(args) -> int:
         from workbench.explain.reproduce import reproduce_for
 
         explanation.reproduction = reproduce_for(explanation, args)
+    if (args.ckpt or args.reproduce) and explanation.seen is None:
+        print("no known symptom: --ckpt / --reproduce ran nothing (they confirm or replay a recognised symptom's "
+              "causes)", file=sys.stderr)
     if args.json:
-        print(json.dumps(explanation.as_dict(), indent=2, default=str))
+        print(json.dumps(explanation.as_dict(), indent=2, default=str, allow_nan=False))
     else:
         print(str(explanation))
     return code

@@ -76,8 +76,12 @@ class LogMetrics:
         return self.count > 0 and bool(LOG_CONDITIONS[condition](self))
 
     def summary(self) -> dict[str, Any]:
+        """First and last value of each metric (a non-finite one as its name: JSON has no NaN), NaN and zero counts."""
+        def shown(x: float) -> float | str:
+            return x if math.isfinite(x) else str(x)
+
         return {"records": self.count,
-                **{k: {"first": v[0], "last": v[-1], "nan": sum(math.isnan(x) for x in v),
+                **{k: {"first": shown(v[0]), "last": shown(v[-1]), "nan": sum(math.isnan(x) for x in v),
                        "zero": sum(x == 0.0 for x in v)} for k, v in self.series.items() if len(v)}}
 
 

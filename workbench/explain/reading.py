@@ -28,6 +28,10 @@ AFTER_LINES = 12  # lines kept after a hit (a message that goes on, the next fra
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][AB012]")
 RANK_PREFIX = re.compile(r"^(?:\s*\[(?:rank|default|node)?\d+\]:\s?)+", re.MULTILINE)
 FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>[^\s]+)')
+# IPython / Jupyter: "File ~/…/site-packages/…/modeling_llama.py:1190, in LlamaForCausalLM.forward(self, …)", the
+# failing line marked "--> 1190"
+IPYTHON_FRAME = re.compile(r'^\s*File (?P<path>[^\s"]+?):(?P<line>\d+)(?:, in (?P<function>[\w.<>]+))?')
+IPYTHON_CODE = re.compile(r'^\s*-+>\s*\d*\s*(?P<code>.*)$')
 LOG_RECORD = re.compile(r"""\{\s*['"](?:loss|train_loss|eval_loss|grad_norm|learning_rate)['"]\s*:[^{}]*\}""")
 LOG_FIELD = re.compile(r"""['"](?P<key>loss|grad_norm|learning_rate|eval_loss)['"]\s*:\s*(?P<value>nan|-?inf(?:inity)?|[-+]?\d[\d.eE+-]*|tensor\([^)]*\))""",
                        re.IGNORECASE)
@@ -80,13 +84,20 @@ class Hit:
 
     @property
     def frames(self) -> list[Frame]:
-        lines = [*self.before, self.line, *self.after]
+        """The traceback's frames up to the error line (what is printed after it is another exception's)."""
+        lines = [*self.before, self.line]
         frames: list[Frame] = []
         for i, text in enumerate(lines):
             m = FRAME.match(text)
             if m:
                 code = lines[i + 1].strip() if i + 1 < len(lines) and not FRAME.match(lines[i + 1]) else ""
-                frames.append(Frame(m["path"], int(m["line"]), m["function"], code))
+                frames.append(Frame(m["path"].replace("\\", "/"), int(m["line"]), m["function"], code))
+                continue
+            m = IPYTHON_FRAME.match(text)
+            if m:
+                code = next((c["code"].strip() for c in (IPYTHON_CODE.match(x) for x in lines[i + 1:i + 12]) if c),
+                            "")
+                frames.append(Frame(m["path"].replace("\\", "/"), int(m["line"]), m["function"] or "?", code))
         return frames
 
     def fields(self) -> dict[str, str]:
@@ -230,7 +241,7 @@ class _Gate:
                 end = text.find("\n", pos)
                 if end < 0:
                     break
-                pos = lower.find(literal, end)
+                pos = lower.find(literal, max(end, pos + 1))
         for start in sorted(starts):
             end = text.find("\n", start)
             end = len(text) if end < 0 else end
@@ -354,6 +365,7 @@ class _State:
     pending: list[Hit] = dataclasses.field(default_factory=list)  # hits still collecting the lines after them
     lines: int = 0
     blocks: int = 0
+    last_hit_line: int = 0  # the line of the latest hit of any symptom
     last_block: tuple[str, str] = ("", "")  # the last block read, and its lowercase: its clues are read at the end
 
 
@@ -395,6 +407,15 @@ def read_text(source: str | IO[str] | IO[bytes] | Iterable[str], symptoms) -> Re
     return reading
 
 
+def _lower(text: str) -> str:
+    """text.lower() with every position kept: a character whose lowercase is longer ('İ' -> 'i̇') stays as it is,
+    so positions found in the lowercase text are positions in the text."""
+    lower = text.lower()
+    if len(lower) == len(text):
+        return lower
+    return "".join(c.lower() if len(c.lower()) == 1 else c for c in text)
+
+
 def _scan_clues(text: str, lower: str, state: _State) -> None:
     """The head and the tail of the text: `text` clues seen anywhere there, and the versions it states."""
     for m in (m for pattern in VERSION_LINES for m in pattern.finditer(text)):
@@ -411,7 +432,7 @@ def _scan_clues(text: str, lower: str, state: _State) -> None:
 def _scan(text: str, state: _State) -> None:
     """One cleaned block: hits (with the lines before them, from this block and the previous ones), log records,
     versions, text clues."""
-    lower = text.lower()
+    lower = _lower(text)
     lines = text.split("\n")
     starts = [0]
     for line in lines[:-1]:
@@ -431,6 +452,7 @@ def _scan(text: str, state: _State) -> None:
     for i, key, m in sorted(found, key=lambda f: f[0]):
         number = state.lines + i + 1
         hit = state.hits.get(key)
+        previous, state.last_hit_line = state.last_hit_line, max(state.last_hit_line, number)
         if hit is not None:
             if number != hit.last_line:
                 hit.count += 1
@@ -439,6 +461,8 @@ def _scan(text: str, state: _State) -> None:
         before = lines[max(0, i - CONTEXT_LINES):i]
         if len(before) < CONTEXT_LINES:
             before = state.tail[len(state.tail) - (CONTEXT_LINES - len(before)):] + before if state.tail else before
+        if previous and previous < number:  # the lines since the previous hit: an earlier error's frames stay out
+            before = before[len(before) - min(len(before), number - 1 - previous):]
         hit = Hit(key, lines[i].strip(), number, {k: v for k, v in m.groupdict().items() if v}, before,
                   lines[i + 1:i + 1 + AFTER_LINES], last_line=number)
         state.hits[key] = hit

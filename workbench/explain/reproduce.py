@@ -377,11 +377,12 @@ def reproduce_for(explanation, args) -> dict[str, Any]:
 
     config_dir = config_folder(args.ckpt, args.base)
     setup = args.setup or DEFAULT_SETUP
-    folder = Path(tempfile.mkdtemp(prefix="workbench-twin-"))
-    twin_dir = build_twin(config_dir, folder / "twin")
-    twin = resolve_target(str(twin_dir), setup=setup, quant=args.quant or "none")
-    reproduced, trials, changes = reproduce(replay, twin, symptom)
-    result = Reproduction(symptom.id, replay.step, f"{type_name(twin_dir)} from {config_dir}/config.json",
+    with tempfile.TemporaryDirectory(prefix="workbench-twin-") as folder:
+        twin_dir = build_twin(config_dir, Path(folder) / "twin")
+        twin = resolve_target(str(twin_dir), setup=setup, quant=args.quant or "none")
+        reproduced, trials, changes = reproduce(replay, twin, symptom)
+        twin_name = type_name(twin_dir)
+    result = Reproduction(symptom.id, replay.step, f"{twin_name} from {config_dir}/config.json",
                           setup, reproduced, trials, changes, replay.simulated,
                           "" if reproduced else "the twin's step did not raise this symptom's error: the cause is "
                                                 "not in this set-up's toggles, or needs the real sizes")

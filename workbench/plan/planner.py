@@ -178,9 +178,14 @@ def _largest_seq(plan: Plan) -> int | None:
 
     if at(1) > plan.budget_bytes:
         return 0
-    lo, hi = 1, 2 * s
-    while at(hi) <= plan.budget_bytes and hi < 2**24:
-        hi *= 2
+    cap = int(getattr(setup.config, "max_position_embeddings", 0) or 2**20)
+    # search up to the model's own position limit: a fit curving down never crosses the budget, and beyond the
+    # limit the model cannot run anyway
+    lo, hi = 1, min(2 * s, cap)
+    while at(hi) <= plan.budget_bytes and hi < cap:
+        hi = min(cap, hi * 2)
+    if at(hi) <= plan.budget_bytes:
+        return hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if at(mid) <= plan.budget_bytes else (lo, mid)
@@ -234,7 +239,8 @@ def _toggles(plan: Plan) -> list[dict[str, Any]]:
                            "bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True) + LoRA",
                            _planned(setup.replace(setup="qlora"), plan.gpus)))
     states = plan.step.breakdown.get("optimizer states", 0)
-    if states and "8bit" not in str(args.optim):
+    optim = getattr(args.optim, "value", str(args.optim))
+    if states and not any(word in optim for word in ("8bit", "bnb", "paged")):
         eight = 2 * plan.step.trainable_parameters + 2 * 4 * math.ceil(plan.step.trainable_parameters / 2048)
         out.append(_toggle(plan, "8-bit optimizer", "optim='adamw_bnb_8bit' (bitsandbytes AdamW8bit: two uint8 "
                            "states a parameter, fp32 absmax per 2048)", plan.peak_bytes - states + eight))

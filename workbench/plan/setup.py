@@ -47,7 +47,7 @@ class PlanSetup:
         return {"checkpoint": self.checkpoint, "model_type": self.config.model_type, "setup": self.setup,
                 "peft": self.peft_source, "training_args": self.args_source, "batch": self.batch, "seq": self.seq,
                 "seq_source": self.seq_source, "gradient_checkpointing": self.gradient_checkpointing,
-                "optimizer": str(self.args.optim), "bf16": bool(self.args.bf16), "fp16": bool(self.args.fp16),
+                "optimizer": getattr(self.args.optim, "value", str(self.args.optim)), "bf16": bool(self.args.bf16), "fp16": bool(self.args.fp16),
                 "gradient_accumulation_steps": self.args.gradient_accumulation_steps, "device": self.device,
                 "dtype": str(self.dtype).removeprefix("torch."), "packed": self.packed}
 
