@@ -45,6 +45,10 @@ def test_the_planted_dataparallel_setup_is_confirmed_and_a_report_leads_with_the
     causes = {c["id"].split("/")[1]: c for c in data["causes"]}
     assert code == 1 and causes["dataparallel_replica"]["confirmed"] is True
     assert causes["dataparallel_replica"]["evidence"][0]["check"] == "parallel.trainer_wrap"
+    assert "forward fails" in causes["dataparallel_replica"]["evidence"][0]["because"]
+    # the break is the fp32 norm feeding the bf16 head, not an adapter layer: dtype_flow's fail does not confirm it
+    assert causes["fp32_island_without_autocast"]["confirmed"] is True
+    assert causes["adapter_dtype_mismatch"]["confirmed"] is False
     assert data["causes"][0]["confirmed"] is True  # confirmed causes lead
     ran = data["confirmation"]["checks"]
     assert "parallel.trainer_wrap" in ran and "grad.flow" not in ran  # only what the causes name

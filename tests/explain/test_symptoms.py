@@ -76,6 +76,7 @@ ENTRY = """
     ("[no.such_check]", "", "not in the catalog"),
     ("[grad.flow]", "confirms: [skip],", "only fail, warn, info confirm"),
     ("[grad.flow]", "confirms: [pass],", "only fail, warn, info confirm"),
+    ("[grad.flow]", "confirms_if: {data.eos: 'x'},", "not among its checks"),
 ])
 def test_a_cause_naming_an_unknown_check_or_confirming_on_a_healthy_answer_is_refused(tmp_path, checks, confirms, why):
     folder = _write(tmp_path, ENTRY.replace("CHECKS", checks).replace("CONFIRMS", confirms))

@@ -100,13 +100,35 @@ def run_checks(target, checks: list[str], folder: Path) -> Confirmation:
     return Confirmation(checks, findings, time.monotonic() - start, list(plan))
 
 
+def _confirming(cause, finding: Finding) -> tuple[bool, str | None]:
+    """Whether the finding confirms the cause: a verdict it names and, where the cause says so (`confirms_if`), its
+    title or detail saying what the cause needs (parallel.trainer_wrap warns both for a wrap and for a batch
+    multiplied without one); the sentence that matched."""
+    if finding.verdict not in cause.confirms:
+        return False, None
+    pattern = cause.confirms_if.get(finding.id)
+    if pattern is None:
+        return True, None
+    import re
+
+    text = f"{finding.title}. {finding.detail}"
+    m = re.search(pattern, text)
+    if m is None:
+        return False, None
+    start = max(text.rfind(". ", 0, m.start()) + 2, 0)
+    end = text.find(". ", m.end())
+    return True, text[start:end if end >= 0 else len(text)][:400]
+
+
 def judge(explanation, findings: dict[str, Finding]) -> None:
     """Mark each cause confirmed (True), ruled out (False) or open (None), with the findings as its evidence."""
     for ranked in explanation.causes:
         answers = [findings[c] for c in ranked.cause.checks if c in findings]
+        judged = [(f, *_confirming(ranked.cause, f)) for f in answers]
         ranked.evidence = [{"check": f.id, "verdict": f.verdict, "title": f.title, "detail": f.detail[:800],
-                            "evidence": _compact(f.evidence), "fix": f.fix[:800]} for f in answers]
-        if any(f.verdict in ranked.cause.confirms for f in answers):
+                            "evidence": _compact(f.evidence), "fix": f.fix[:800], "confirms": confirms,
+                            **({"because": because} if because else {})} for f, confirms, because in judged]
+        if any(confirms for _, confirms, _ in judged):
             ranked.confirmed = True
         elif answers and len(answers) == len(ranked.cause.checks) and not any(
                 f.verdict in UNANSWERED for f in answers):

@@ -26,6 +26,8 @@ Schema of one entry (validated by `load_symptoms`; an invalid file raises `Sympt
           checks: [parallel.trainer_wrap]  # catalog checks that confirm it (their fail/warn) or rule it out (pass)
           confirms: [fail, warn]           # optional: the verdicts that confirm (default fail, warn; info only where
                                            # the check's info names this cause; never pass, skip or error)
+          confirms_if: {parallel.trainer_wrap: 'wraps .* nn\.DataParallel'}   # optional: for a check whose
+                                           # verdict has several meanings, what its title or detail must say
           fix: "text; {module}, {family}, {script}, {dtype_a}… are filled from the pasted text"
           sources: [https://github.com/huggingface/transformers/issues/…]   # where users reported it
       sources: [...]                       # threads about the symptom as a whole (optional)
@@ -79,6 +81,7 @@ class Cause:
     clues: tuple[Clue, ...]
     checks: tuple[str, ...]
     confirms: tuple[str, ...]
+    confirms_if: dict[str, str]  # check -> regex its finding's title or detail must match to confirm this cause
     fix: str
     sources: tuple[str, ...]
 
@@ -174,7 +177,7 @@ def _cause(data: Any, file: str, symptom: str, group_names: set[str]) -> Cause:
 
     if not isinstance(data, dict):
         raise _fail(file, symptom, f"a cause must be a mapping: {data!r}")
-    known = {"id", "cause", "prior", "clues", "checks", "confirms", "fix", "sources"}
+    known = {"id", "cause", "prior", "clues", "checks", "confirms", "confirms_if", "fix", "sources"}
     if set(data) - known:
         raise _fail(file, symptom, f"cause keys {sorted(set(data) - known)} unknown; use {sorted(known)}")
     entry = f"{symptom} / {data.get('id')}"
@@ -192,13 +195,21 @@ def _cause(data: Any, file: str, symptom: str, group_names: set[str]) -> Cause:
         # pass is a check's healthy answer, skip and error are no answer: none of them confirms a cause. info does
         # only where the check's info names the cause (tokenizer.vocab: "the adapter saves resized embeddings")
         raise _fail(file, entry, f"confirms {list(confirms)}: only {', '.join(CONFIRMING)} confirm a cause")
+    confirms_if = dict(data.get("confirms_if") or {})
+    if set(confirms_if) - set(checks):
+        raise _fail(file, entry, f"confirms_if names {sorted(set(confirms_if) - set(checks))}, not among its checks")
+    for pattern in confirms_if.values():
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise _fail(file, entry, f"confirms_if pattern {pattern!r}: {exc}") from None
     fix = _text(data, "fix", file, entry)
     fields = set(re.findall(r"(?<!\{)\{(\w+)\}(?!\})", fix + " " + _text(data, "cause", file, entry)))
     if fields - set(FIX_FIELDS) - group_names:
         raise _fail(file, entry, f"fix names {sorted(fields - set(FIX_FIELDS) - group_names)}: neither a reading "
                                  f"field ({', '.join(FIX_FIELDS)}) nor a named group of the symptom's patterns")
     return Cause(data["id"], _text(data, "cause", file, entry), float(prior),
-                 tuple(_clue(c, file, entry) for c in data.get("clues") or ()), checks, confirms, fix,
+                 tuple(_clue(c, file, entry) for c in data.get("clues") or ()), checks, confirms, confirms_if, fix,
                  _strings(data.get("sources"), file, entry, "sources", required=False))
 
 

@@ -40,7 +40,9 @@ def _cause_block(rank: int, c) -> Box:
     if c.cause.checks:
         items.append(Inline(Bold("checks: "), *_joined([Code(x) for x in c.cause.checks])))
     for e in c.evidence:
-        items.append(Inline(Badge(e["verdict"]), f" {e['check']}: {e['title']}"))
+        items.append(Inline(Badge(e["verdict"]), f" {e['check']}: {e['title']}",
+                            f" — {'confirms' if e.get('confirms') else 'does not confirm'} this cause"
+                            + (f": {e['because']}" if e.get("because") else "")))
     items.append(Inline(Bold("fix: "), c.fix))
     sources = list(c.cause.sources or c.symptom.all_sources)[:3]
     if sources:
