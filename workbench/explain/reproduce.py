@@ -204,12 +204,14 @@ def _dataparallel_step(target, values: dict[str, Any]) -> None:
 
 
 def _checkpointing_step(target, values: dict[str, Any]) -> None:
-    """A training step with gradient checkpointing as `gradient_checkpointing_enable(gradient_checkpointing_kwargs=
-    {"use_reentrant": …})` sets it, the embeddings' output requiring grad or not (enable_input_require_grads)."""
+    """A training step with gradient checkpointing as the Trainer turns it on (`distributed.ddp.enable_checkpointing`:
+    use_reentrant as given), the embeddings' output requiring grad or not (enable_input_require_grads)."""
+    from workbench.distributed.ddp import enable_checkpointing
+
     prepared = _prepared(target)
     model = prepared.model
     inner = getattr(model, "get_base_model", lambda: model)()
-    inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": values["reentrant"]})
+    enable_checkpointing(inner, reentrant=values["reentrant"])  # as the Trainer turns it on
     if values["input_grads"]:
         inner.enable_input_require_grads()
     else:  # every hook that makes the embeddings' output require grad: peft's prepare and transformers' own
