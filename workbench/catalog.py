@@ -204,8 +204,12 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
         Step("training_log", "trainer_state.json: loss, gradients, schedule, evaluation",
              f"{_RUN}.log_probe:training_log_probe", ("run_dir", "target"),
              reports=("run.loss", "run.gradients", "run.schedule", "run.eval")),
+        Step("run_signals", "preference and RL runs: margins, rewards, completions, KL, entropy",
+             f"{_RUN}.trl_signals:run_signals_probe", ("training_log",),
+             reports=("run.preference_signal", "run.likelihood_displacement", "run.reward_variance",
+                      "run.completion_clipping", "run.policy_drift", "run.reward_model")),
         Step("adapter_progress", "the adapter across checkpoint-N/", f"{_RUN}.adapter_progress:adapter_progress_probe",
-             ("run_dir",), reports=("run.adapter_progress",)),
+             ("run_dir",), {"signals": "run_signals?"}, reports=("run.adapter_progress",)),
         Step("versions", "the run's versions against known regressions", f"{_RUN}.versions:versions_probe",
              ("run_dir",), reports=("run.versions",)),
     ), panel=False, trainer_output_only=True, needs_model=False),
@@ -642,6 +646,71 @@ CHECKS: tuple[Check, ...] = (
           "info": "no evaluation, or one at the end: nothing ranks the checkpoints",
           "warn": "eval below train at most evaluations, or eval rising while train falls",
           "skip": "not a Trainer output directory"}),
+    _c("run.preference_signal", "08_training_run",
+       "Does a preference run (trl's DPO, KTO, ORPO, CPO) see a difference between chosen and rejected: margins that "
+       "leave 0?",
+       "the trainer recognised from the run's files (`training_args.bin`'s class read from its pickle opcodes, never "
+       "unpickled; the model card's trl tags; the keys logged — trl 1.16 sources in "
+       "`workbench/probes/run/trl_trainers.yaml`); `rewards/margins` (β·(log π − log π_ref) of chosen minus "
+       "rejected) exactly 0 at every logged step: identical pairs, pairs that differ only past `max_length`, or "
+       "`beta=0` (trl #1627) — the sigmoid loss sits at ln 2",
+       **{"pass": "margins leave 0 toward the chosen answers",
+          "fail": "margins exactly 0 at every step: no preference signal (identical or truncated-away pairs, beta 0)",
+          "skip": "not a preference run, or no margins logged"}),
+    _c("run.likelihood_displacement", "08_training_run",
+       "In a DPO run, did the chosen answers lose likelihood against the reference while the margin grew?",
+       "`rewards/chosen` / β in nats (the chosen completions' log-probability against the reference) at the end of "
+       "the run, with the margin: under −2 nats while the margin grows is likelihood displacement (Razin et al. "
+       "2024, arXiv:2410.08847; Pal et al. 2024, arXiv:2402.13228) — common and usually harmless, so `info`; `warn` "
+       "only when the chosen answers lost more than the margin gained and the evaluation pairs' "
+       "`eval_rewards/accuracies` fell 0.05 below its best",
+       **{"pass": "the chosen answers keep their likelihood (above −2 nats against the reference)",
+          "info": "the chosen answers lost likelihood while the margin grew (named, with the fix)",
+          "warn": "the chosen answers lost more than the margin gained and held-out accuracy fell",
+          "skip": "not a DPO run (ORPO and CPO have no reference, KTO no pairs), or under 5 logged steps"}),
+    _c("run.reward_variance", "08_training_run",
+       "In an online RL run (trl's GRPO, RLOO), did the completions of a prompt get different rewards, so that "
+       "advantages and a policy gradient exist?",
+       "`frac_reward_zero_std` (the share of prompt groups whose completions all got the same reward: zero "
+       "advantages, no gradient) and each reward function's `rewards/<name>/std`: 1.0 at every logged step, or "
+       "every function constant, is a run that cannot learn (a GRPO loss near 0 is normal, this is not); nine "
+       "groups in ten alike over the last fifth: `warn`; half on average: `info`, with the share a 0/1 reward of "
+       "the logged mean gives by chance over `num_generations` (DAPO arXiv:2503.14476; trl #3708)",
+       **{"pass": "the rewards vary within the groups",
+          "info": "half of the groups or more alike on average (expected with a 0/1 reward and few generations)",
+          "warn": "nine groups in ten alike at the end of the run",
+          "fail": "every group alike at every step, or every reward function constant: no policy gradient",
+          "skip": "not an online RL run, or frac_reward_zero_std not logged"}),
+    _c("run.completion_clipping", "08_training_run",
+       "In an online RL run, did the completions end (EOS) before `max_completion_length`, or did the rewards judge "
+       "cut-off text?",
+       "`completions/clipped_ratio` (completions that reached the length without an EOS token), "
+       "`completions/mean_length` and the recorded `max_completion_length` and `mask_truncated_completions`: 1.0 at "
+       "every step or ≥ 0.9 over the last fifth: `fail`; ≥ 0.2 over the last fifth not masked out of the loss: "
+       "`warn`; ≥ 0.05 or masked: `info` (DAPO arXiv:2503.14476, overlong filtering)",
+       **{"pass": "nearly every completion ends before the limit",
+          "info": "a few percent cut, or cut completions masked out of the loss",
+          "warn": "a fifth or more of the completions cut at the end, not masked",
+          "fail": "every (or nine in ten) completion cut off",
+          "skip": "not an online RL run, or completions/clipped_ratio not logged"}),
+    _c("run.policy_drift", "08_training_run",
+       "In an online RL run, does the policy stay near its reference (KL) and keep exploring (entropy)?",
+       "`kl` (logged when `beta` > 0): exactly 0 at every step while the rewards vary (the reference is the policy, "
+       "or no update lands), or past 10× its first fifth and above 1 nat per token at the end (runaway); `entropy` "
+       "in the last fifth under a tenth of the first fifth's: collapse (Cui et al. 2025, arXiv:2505.22617) — `warn`, "
+       "`info` while the reward still improves",
+       **{"pass": "KL small and moving, entropy kept",
+          "info": "entropy collapsed while the reward still improves",
+          "warn": "KL exactly 0 with varying rewards, KL runaway, or entropy collapsed with the reward stalled",
+          "skip": "not an online RL run, or neither kl nor entropy logged"}),
+    _c("run.reward_model", "08_training_run",
+       "Does a reward model (trl's RewardTrainer) tell chosen from rejected on its pairs, and on held-out pairs?",
+       "`accuracy` on the training batches (last fifth) and `eval_accuracy` at the last evaluation: both ≤ 0.55 is "
+       "chance; training ≥ 0.9 with evaluation 0.2 below it: the training pairs learned, not the preference",
+       **{"pass": "the pairs are separated",
+          "warn": "training pairs separated, held-out pairs not",
+          "fail": "at chance on its pairs",
+          "skip": "not a reward-model run"}),
     _c("run.adapter_progress", "08_training_run",
        "How did the adapter move across checkpoint-N/: update norm ‖B·A‖·scaling per component, modules that never "
        "moved, an adapter that stopped moving, non-finite values from a checkpoint on?",

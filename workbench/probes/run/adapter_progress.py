@@ -109,6 +109,8 @@ class AdapterProgressResult(ProbeResult):
     run_dir: str
     checkpoints: list[CheckpointAdapter]
     components_from: str  # "the base's structure" or "adapted layer names"
+    signal_cause: Finding | None = None  # the run's own no-gradient signal (a DPO without margins, a GRPO without
+    #                                      reward variance): the cause named instead of the SFT ones
 
     @property
     def never_moved(self) -> list[ModuleUpdate]:
@@ -152,6 +154,13 @@ class AdapterProgressResult(ProbeResult):
                             self._resume_fix(bad))]
         stood = self.never_moved
         last = self.checkpoints[-1]
+        if last.modules and len(stood) == len(last.modules) and self.signal_cause is not None:
+            cause = self.signal_cause
+            return [Finding(CHECK, "fail", f"The adapter never moved: every lora_B is zero in all "
+                            f"{len(self.checkpoints)} checkpoint(s), as {cause.id} explains",
+                            f"Checkpoints {steps}: no optimizer step changed the adapter. The run's own signal says "
+                            f"why: {cause.title} ({cause.id}) — with no difference to learn, every gradient is zero.",
+                            {**evidence, "cause": cause.id}, cause.fix)]
         if last.modules and len(stood) == len(last.modules):
             return [Finding(CHECK, "fail", f"The adapter never moved: every lora_B is zero in all "
                             f"{len(self.checkpoints)} checkpoint(s)",
@@ -248,7 +257,8 @@ class AdapterProgressResult(ProbeResult):
                        Table.from_records(rows))
 
 
-def adapter_progress_probe(run_dir: Path, component_of: Callable[[str], str] | None = None) -> AdapterProgressResult:
+def adapter_progress_probe(run_dir: Path, component_of: Callable[[str], str] | None = None,
+                           signals=None) -> AdapterProgressResult:
     """The adapter in every checkpoint-N/ of a Trainer output_dir (or one checkpoint folder): update norms per
     component, modules that never moved, an adapter that stopped moving, NaN/inf from a checkpoint on."""
     import torch
@@ -261,4 +271,13 @@ def adapter_progress_probe(run_dir: Path, component_of: Callable[[str], str] | N
     finally:
         torch.set_num_threads(threads)
     return AdapterProgressResult(str(run_dir), checkpoints,
-                                 "the base's structure" if component_of else "adapted layer names")
+                                 "the base's structure" if component_of else "adapted layer names",
+                                 _signal_cause(signals))
+
+
+def _signal_cause(signals) -> Finding | None:
+    """A preference or RL run whose own signal says no gradient could exist (run.preference_signal or
+    run.reward_variance `fail`): that finding, the cause of an adapter that never moved."""
+    findings = signals.findings() if signals is not None and hasattr(signals, "findings") else []
+    return next((f for f in findings if f.verdict == "fail"
+                 and f.id in ("run.preference_signal", "run.reward_variance")), None)

@@ -22,6 +22,8 @@ RISING_EVALS = 3  # eval loss rising over this many evaluations in a row while t
 def judge_eval(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[Mark]]:
     have = np.isfinite(log.eval_loss)
     evidence = {"trainer_state": str(facts.state_path), "evaluations": int(have.sum())}
+    if facts.kind.family == "online_rl":
+        return [_keep_by_reward(log, facts, evidence)], []
     if not have.any():
         return [Finding(CHECK, "info", "No evaluation logged: nothing ranks the checkpoints",
                         f"{facts.name(facts.state_path)} holds no eval_loss; eval_strategy was 'no' or no eval_dataset "
@@ -118,3 +120,28 @@ def _keep(log: TrainingLog, facts: RunFacts, steps, values, evidence) -> Finding
                                   "was saved at an evaluated step",
                    f"checkpoints at steps {list(facts.checkpoints)}; evaluations at {steps_text(steps)}.", evidence,
                    "Save where you evaluate (save_steps a multiple of eval_steps) and set load_best_model_at_end.")
+
+
+def _keep_by_reward(log: TrainingLog, facts: RunFacts, evidence: dict) -> Finding:
+    """An online RL run (GRPO, RLOO): its eval_loss is a policy-gradient surrogate near 0 by construction, no measure
+    of quality; the checkpoint to keep is the one with the highest `eval_reward` (trl's eval prefix + `reward`)."""
+    kind = facts.kind
+    rewards = log.eval_metrics.get("eval_reward")
+    have = np.isfinite(rewards) if rewards is not None else np.zeros(0, dtype=bool)
+    saved = [(int(s), float(v)) for s, v in zip(log.eval_step[have], rewards[have]) if int(s) in facts.checkpoints] \
+        if rewards is not None else []
+    if not saved:
+        return Finding(CHECK, "info", f"No evaluation reward at a saved step: nothing ranks this {kind.name} run's "
+                                      "checkpoints",
+                       f"A {kind.name} run's eval_loss is a policy-gradient surrogate that sits near 0 (trl #3452), "
+                       "not a measure of quality; the checkpoints are ranked by `eval_reward`, which "
+                       + ("was not logged." if rewards is None else "no saved step has."), evidence,
+                       "Pass an eval_dataset of prompts with eval_strategy='steps' and eval_steps = save_steps: trl "
+                       "then logs eval_reward per evaluation.")
+    step, value = max(saved, key=lambda sv: sv[1])
+    name = facts.name(facts.checkpoints[step])
+    return Finding(CHECK, "pass", f"Checkpoint to keep: {name} (highest eval_reward {value:.4g} of the {len(saved)} "
+                                  "saved at an evaluated step)",
+                   f"A {kind.name} run is ranked by eval_reward, not eval_loss (a surrogate near 0).",
+                   {**evidence, "keep": name, "eval_reward": value},
+                   "" if step == max(facts.checkpoints) else f"Use {facts.checkpoints[step]} rather than the last save.")

@@ -96,8 +96,17 @@ def judge_gradients(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], l
         aside = int((logged & ~supervised).sum())
         findings.append(Finding(CHECK, "pass", f"grad_norm finite and non-zero at the {int(judged.sum())} logged "
                                 f"steps with a non-zero loss (median {float(np.median(grad[finite])):.4g})"
-                                + (f"; {aside} with loss 0.0 are run.loss's" if aside else ""), "", evidence))
+                                + (f"; {aside} with loss 0.0 {_zero_loss_reader(facts)}" if aside else ""), "",
+                                evidence))
     return findings, marks
+
+
+def _zero_loss_reader(facts: RunFacts) -> str:
+    """Who reads the steps whose loss is 0.0: run.loss for a supervised run; a GRPO/RLOO loss is 0 by construction
+    when the update is on-policy (trl #3452), read through the run's own signals."""
+    if facts.kind.is_sft:
+        return "are run.loss's"
+    return f"left to the {facts.kind.name} run's own signals (run_signals)"
 
 
 def _scheduler_after(steps, lr, lr_logged, skipped) -> tuple[list[int], list[int]]:

@@ -12,8 +12,10 @@ from workbench.probes.run.evaluation import judge_eval
 from workbench.probes.run.gradients import judge_gradients
 from workbench.probes.run.loss import judge_loss
 from workbench.probes.run.run_facts import RunFacts, run_facts
+from workbench.probes.run.run_kind import run_kind
 from workbench.probes.run.schedule import judge_schedule
-from workbench.probes.run.trainer_state import Mark, TrainingLog, read_training_log
+from workbench.probes.run.tensorboard_log import tensorboard_state
+from workbench.probes.run.trainer_state import Mark, TrainingLog, read_training_log, training_log
 
 JUDGES = (judge_loss, judge_gradients, judge_schedule, judge_eval)
 
@@ -30,7 +32,10 @@ class TrainingLogResult(ProbeResult):
 
     def summary(self) -> list[list[str]]:
         log, facts = self.log, self.facts
-        rows = [["trainer_state.json", facts.name(facts.state_path)],
+        source = ("TensorBoard events (further than any trainer_state.json)" if facts.state_path.name.startswith(
+            "events.out.tfevents") else "trainer_state.json")
+        rows = [["log", f"{facts.name(facts.state_path)} ({source})"],
+                 ["trainer", f"{facts.kind.name} ({facts.kind.evidence})"],
                 ["steps", f"{log.global_step} of max_steps {log.max_steps}, epoch {log.state.get('epoch')}"],
                 ["logged", f"{log.entries} training entries (logging_steps {log.state.get('logging_steps')}), "
                            f"{len(log.eval_step)} evaluations"],
@@ -69,8 +74,16 @@ def judge_run(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[Ma
 
 
 def training_log_probe(run_dir: Path, target) -> TrainingLogResult:
-    """Read the run's longest trainer_state.json and judge it."""
+    """Read the run's longest log — its longest trainer_state.json, or its TensorBoard events when they go further
+    (a run killed after its last save) — and judge it."""
     facts = run_facts(Path(run_dir), target)
     log = read_training_log(facts.state_path)
+    events = tensorboard_state(facts.run_dir)
+    if events is not None and events[0]["global_step"] > log.global_step:  # logged past the last save
+        state, files = events
+        log = training_log({**log.state, **state}, source=files[-1])
+        facts = dataclasses.replace(facts, state_path=files[-1])
+    folders = list(dict.fromkeys([facts.folder, facts.run_dir, facts.state_path.parent]))
+    facts = dataclasses.replace(facts, kind=run_kind(folders, set(log.metrics)))
     findings, marks = judge_run(log, facts)
     return TrainingLogResult(facts, log, findings, marks)

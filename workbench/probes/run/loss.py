@@ -43,6 +43,8 @@ def judge_loss(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[M
                                 {**evidence_base, "steps": bad[:50].tolist()},
                                 _nan_fix(facts, int(bad[0]))))
         marks.append(Mark("loss", tuple(bad.tolist()), "NaN loss"))
+    if not facts.kind.is_sft:  # a preference or RL loss is no cross-entropy over labels: only NaN is judged here
+        return _trl_loss(log, facts, findings, marks, evidence_base)
     masked = (loss == 0.0) & (grad == 0.0)
     if masked.any():
         bad = steps[masked]
@@ -73,6 +75,23 @@ def judge_loss(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[M
                                 f"{log.entries} logged steps read from {facts.name(facts.state_path)}.",
                                 {**evidence_base, "first": float(good[0]), "last": float(good[-1])}))
     return findings, marks
+
+
+def _trl_loss(log: TrainingLog, facts: RunFacts, findings: list[Finding], marks: list[Mark],
+              evidence: dict) -> tuple[list[Finding], list[Mark]]:
+    """A trl preference or RL run's loss: NaN judged like any loss; labels, ln(classes) and flatness are SFT readings
+    (a DPO loss starts at ln 2, a GRPO loss sits near 0 by construction: trl #3452), left to run_signals' checks."""
+    if findings:
+        return findings, marks
+    finite = log.loss[np.isfinite(log.loss)]
+    kind = facts.kind
+    return [Finding(CHECK, "pass", f"Loss finite at every logged step of this {kind.name} run: {finite[0]:.4g} → "
+                                   f"{finite[-1]:.4g}",
+                    f"{log.entries} logged steps read from {facts.name(facts.state_path)}; {kind.evidence}. A "
+                    f"{kind.name} loss is not a cross-entropy over labels: the supervised-loss readings (all labels "
+                    "masked, the first loss against ln(classes), a flat loss) do not apply; the run's own signals are "
+                    "read by run.preference_signal, run.reward_variance and the other run_signals checks.",
+                    {**evidence, "first": float(finite[0]), "last": float(finite[-1]), "trainer": kind.name})], marks
 
 
 def _hidden_nan(log: TrainingLog, facts: RunFacts, bad: np.ndarray, evidence: dict) -> Finding:

@@ -16,6 +16,7 @@ from typing import Any
 
 from workbench.errors import NotApplicable
 from workbench.model.run_configuration import RunConfiguration, run_configuration
+from workbench.probes.run.run_kind import RunKind
 
 
 def run_directory(target) -> Path:
@@ -110,6 +111,7 @@ class RunFacts:
     head: HeadClasses | None
     configuration: RunConfiguration
     training_args_unread: Path | None  # training_args.bin present but not unpickled (no --allow-pickle)
+    kind: RunKind = RunKind("sft", (), "not read")  # which trainer wrote the run (`run_kind`, from the log's keys)
 
     def checkpoint_at_or_after(self, step: int) -> tuple[int, Path] | None:
         return next(((s, p) for s, p in self.checkpoints.items() if s >= step), None)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 _TRAIN_KEYS = ("step", "epoch", "loss", "grad_norm", "learning_rate")
+_SAMPLE = 64  # entries whose keys name the extra metric columns: trl logs the same keys at every step
 _EVAL_TIMING = frozenset({"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"})
 
 
@@ -34,6 +35,8 @@ class TrainingLog:
     eval_step: np.ndarray
     eval_loss: np.ndarray
     eval_metrics: dict[str, np.ndarray]  # every other eval_* key, NaN where an evaluation did not log it
+    metrics: dict[str, np.ndarray]  # every other numeric key of the train entries (trl's `rewards/margins`,
+    #                                 `frac_reward_zero_std`, ...), NaN where an entry did not log it
     train_loss: float | None  # the summary entry's mean over all steps
     state: dict[str, Any]  # the scalars of trainer_state.json (global_step, max_steps, best_model_checkpoint, ...)
 
@@ -77,6 +80,7 @@ def training_log(state: dict[str, Any], source: Path | None = None) -> TrainingL
     summary = [e for e in history if "train_loss" in e and "loss" not in e]
     columns, logged = _columns(train, _TRAIN_KEYS)
     column = dict(zip(_TRAIN_KEYS, columns.T))
+    metrics = _metric_columns(train)
     eval_keys = ("step", "eval_loss") + tuple(sorted({k for e in evals for k in e if k.startswith("eval_")}
                                                      - _EVAL_TIMING - {"eval_loss"}))
     eval_columns = dict(zip(eval_keys, _columns(evals, eval_keys)[0].T))
@@ -86,8 +90,25 @@ def training_log(state: dict[str, Any], source: Path | None = None) -> TrainingL
         loss=column["loss"], grad_norm=column["grad_norm"], grad_norm_logged=logged["grad_norm"],
         learning_rate=column["learning_rate"], learning_rate_logged=logged["learning_rate"],
         eval_step=np.nan_to_num(eval_columns.pop("step")).astype(np.int64), eval_loss=eval_columns.pop("eval_loss"),
-        eval_metrics=eval_columns, train_loss=float(train_loss) if isinstance(train_loss, (int, float)) else None,
+        eval_metrics=eval_columns, metrics=metrics, train_loss=float(train_loss) if isinstance(train_loss, (int, float)) else None,
         state={k: v for k, v in state.items() if k != "log_history"})
+
+
+def _metric_columns(train: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """The train entries' other numeric keys as float columns. The keys are those of the first and last entries
+    (`_SAMPLE` each: a metric logged from some step on is seen at the end), each column one `np.fromiter` pass."""
+    sample = train[:_SAMPLE] + train[-_SAMPLE:]
+    keys = sorted({k for e in sample for k, v in e.items()
+                   if k not in _TRAIN_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    nan = float("nan")
+    metrics = {}
+    for key in keys:
+        try:
+            metrics[key] = np.fromiter((e.get(key, nan) for e in train), dtype=float, count=len(train))
+        except (TypeError, ValueError):  # a null or a string in the column: NaN there
+            metrics[key] = np.array([v if isinstance(v := e.get(key), (int, float)) else nan for e in train],
+                                    dtype=float)
+    return metrics
 
 
 def read_state(path: Path) -> dict[str, Any]:

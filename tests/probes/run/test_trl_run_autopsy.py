@@ -1,0 +1,278 @@
+"""Notebook 08 on real trl runs (trl_runs.py: DPOTrainer, GRPOTrainer, KTOTrainer, RewardTrainer on a tiny Llama):
+each trainer recognised, each planted fault named by its own check with its fix, healthy runs quiet, and no SFT
+cause named for an RL signal."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import trl_runs
+
+import workbench as wb
+
+pytestmark = pytest.mark.slow
+
+STEPS = ("run_dir", "training_log", "run_signals", "adapter_progress", "versions")
+SFT_CAUSES = ("-100", "labels", "reentrant", "ln(", "use_reentrant", "enable_input_require_grads")
+
+
+def notebook_08(output_dir):
+    """Every step of notebook 08 through the notebook contract (recorder, one answer per check)."""
+    nb = wb.open_notebook("08_training_run", checkpoint=str(output_dir))
+    results = {step: nb.run(step) for step in STEPS}
+    return results, {f.id: f for f in nb.recorder.findings}
+
+
+def sft_causes_named(findings) -> list[str]:
+    """The findings that name a cause (info, warn, fail) and name a supervised-training one."""
+    return [f"{f.id}: {cause}" for f in findings.values() if f.verdict in ("info", "warn", "fail")
+            for cause in SFT_CAUSES if cause in f.title + f.detail + f.fix]
+
+
+@pytest.mark.parametrize("name, trainer", [("dpo_healthy", "DPO"), ("grpo_healthy", "GRPO"),
+                                           ("kto_healthy", "KTO"), ("reward_healthy", "Reward")])
+def test_healthy_trl_runs_are_recognised_and_stay_quiet(trl_runs_built, name, trainer):
+    results, findings = notebook_08(trl_runs_built[name])
+    kind = results["training_log"].facts.kind
+    assert kind.name == trainer and "training_args.bin" in kind.evidence and "not unpickled" in kind.evidence
+    loud = {i: (f.verdict, f.title) for i, f in findings.items() if f.verdict in ("warn", "fail", "error")}
+    assert loud == {}
+    own = {"DPO": "run.preference_signal", "GRPO": "run.reward_variance", "KTO": "run.preference_signal",
+           "Reward": "run.reward_model"}[trainer]
+    assert findings[own].verdict == "pass"
+    assert "[figure:" in str(results["run_signals"])
+
+
+def test_a_dpo_run_reaching_accuracy_one_in_a_few_steps_is_healthy(trl_runs_built):
+    _, findings = notebook_08(trl_runs_built["dpo_healthy"])
+    assert findings["run.preference_signal"].verdict == "pass"
+    assert findings["run.likelihood_displacement"].verdict == "pass"
+    assert findings["run.loss"].verdict == "pass" and "not a cross-entropy" in findings["run.loss"].detail
+
+
+@pytest.mark.parametrize("name", ["dpo_no_signal", "dpo_truncated_pairs"])
+def test_a_dpo_run_without_preference_signal_is_named_with_max_length(trl_runs_built, name):
+    _, findings = notebook_08(trl_runs_built[name])
+    signal = findings["run.preference_signal"]
+    assert signal.verdict == "fail" and "ln 2" in signal.title and signal.evidence["loss_at_ln2"]
+    length = trl_runs.TRUNCATED_MAX_LENGTH if name == "dpo_truncated_pairs" else signal.evidence["max_length"]
+    assert f"max_length={length}" in signal.fix and "chosen == rejected" in signal.fix
+    assert findings["run.loss"].verdict == "pass"  # a flat ln 2 loss is not sent to the learning rate
+    assert not sft_causes_named(findings)
+
+
+def test_a_grpo_run_whose_reward_never_varies_names_the_reward_function(trl_runs_built):
+    _, findings = notebook_08(trl_runs_built["grpo_zero_variance"])
+    variance = findings["run.reward_variance"]
+    assert variance.verdict == "fail" and "frac_reward_zero_std 1.0" in variance.title
+    assert "answer_tag" in variance.detail and "`answer_tag`" in variance.fix  # the user's own function
+    assert variance.evidence["num_generations"] == 4
+    assert findings["run.loss"].verdict == "pass"  # loss 0 and grad_norm 0: not "no label is supervised"
+    assert findings["run.completion_clipping"].verdict in ("pass", "info")
+    assert not sft_causes_named(findings)
+
+
+def test_a_grpo_run_whose_completions_never_end_names_max_completion_length(trl_runs_built):
+    _, findings = notebook_08(trl_runs_built["grpo_clipped"])
+    clipped = findings["run.completion_clipping"]
+    assert clipped.verdict == "fail" and "clipped_ratio 1.0" in clipped.title
+    assert f"max_completion_length={trl_runs.MAX_COMPLETION}" in clipped.detail
+    assert "mask_truncated_completions=True" in clipped.fix and "EOS" in clipped.fix
+    assert findings["run.reward_variance"].verdict != "fail"  # the reward varies: clipping is the cause
+
+
+def test_the_trainer_is_recognised_without_training_args_bin_from_the_card_then_the_keys(trl_runs_built, tmp_path):
+    from workbench.probes.run.run_kind import run_kind
+    from workbench.probes.run.trainer_state import read_training_log
+
+    copy = shutil.copytree(trl_runs_built["grpo_healthy"], tmp_path / "run")
+    for pickled in copy.rglob("training_args.bin"):
+        pickled.unlink()
+    keys = set(read_training_log(copy / "trainer_state.json").metrics)
+    by_card = run_kind([copy], keys)
+    assert by_card.name == "GRPO" and "README.md tags" in by_card.evidence and by_card.args == {}
+    (copy / "README.md").write_text("# no card\n")
+    by_keys = run_kind([copy], keys)
+    assert by_keys.family == "online_rl" and by_keys.name == "GRPO or RLOO"  # the keys both log
+    assert run_kind([copy], {"loss", "grad_norm"}).is_sft
+
+
+def test_the_live_callback_in_a_grpo_trainer_names_the_reward_variance(trl_runs_built, tmp_path):
+    """WorkbenchCallback inside a real GRPOTrainer: the run autopsy at the end judges the live log by the same
+    checks (the trainer recognised from the live GRPOConfig)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from workbench.integrations import WorkbenchCallback
+
+    with trl_runs._one_thread():
+        base = trl_runs.base_model(tmp_path / "base")
+        args = GRPOConfig(**trl_runs._common(tmp_path / "run", per_device_train_batch_size=8, num_generations=4,
+                                             max_completion_length=trl_runs.MAX_COMPLETION, max_steps=4,
+                                             save_steps=100))
+        callback = WorkbenchCallback()
+        trainer = GRPOTrainer(model=str(base), reward_funcs=trl_runs.answer_tag, args=args,
+                              train_dataset=Dataset.from_list(trl_runs._prompts(40)),
+                              processing_class=AutoTokenizer.from_pretrained(base), callbacks=[callback])
+        trainer.train()
+    report = json.loads((callback.report_folder / "findings.json").read_text())
+    by_id = {f["id"]: f for f in report["findings"]}
+    assert {i: f["title"] for i, f in by_id.items() if f["verdict"] == "error"} == {}  # the pre-flight ran on GRPO
+    assert by_id["run.reward_variance"]["verdict"] == "fail"
+    assert "GRPOConfig" in by_id["run.reward_variance"]["evidence"]["recognised_by"]
+    assert by_id["run.loss"]["verdict"] == "pass"
+
+
+def test_tensorboard_events_past_the_last_save_are_read(tmp_path):
+    """A run killed after its last save: the TensorBoard events (report_to="tensorboard") hold steps the
+    checkpoints' trainer_state.json do not; notebook 08 reads the longer log, with tensorboard's EventAccumulator."""
+    with trl_runs._one_thread():
+        out = trl_runs._grpo(tmp_path, trl_runs.answer_tag, peft=False, report_to=["tensorboard"])
+    (out / "trainer_state.json").unlink()  # no save_state at the end
+    shutil.rmtree(out / "checkpoint-10")  # killed between the saves of steps 5 and 10
+    results, findings = notebook_08(out)
+    log = results["training_log"].log
+    assert log.entries == 10 and results["training_log"].facts.state_path.name.startswith("events.out.tfevents")
+    assert findings["run.reward_variance"].verdict == "fail"
+    assert "TensorBoard events" in str(results["training_log"])
+
+
+# ------------------------------------------------- the rarer verdicts: real trl logs with one column planted
+def planted(output_dir, tmp_path, edit, *, eval_rows=()):
+    """A copy of a real trl run whose trainer_state.json has `edit(step_index, entry)` applied to every train
+    entry (and `eval_rows` appended): the run's own files, trainer and keys, with one signal changed."""
+    copy = shutil.copytree(output_dir, tmp_path / "run")
+    for state_path in [copy / "trainer_state.json", *copy.glob("checkpoint-*/trainer_state.json")]:
+        state = json.loads(state_path.read_text())
+        train = [e for e in state["log_history"] if "loss" in e]
+        for i, entry in enumerate(train):
+            edit(i, entry)
+        state["log_history"] += [dict(row) for row in eval_rows]
+        state_path.write_text(json.dumps(state))
+    return copy
+
+
+def signals_of(output_dir):
+    from workbench.model.target import resolve_target
+    from workbench.probes.run.log_probe import training_log_probe
+    from workbench.probes.run.trl_signals import run_signals_probe
+
+    target = resolve_target(str(output_dir))
+    result = run_signals_probe(training_log_probe(target.run.run_dir, target))
+    return {f.id: f for f in result.findings()}
+
+
+@pytest.mark.parametrize("share, verdict", [(0.6, "info"), (0.95, "warn")])
+def test_many_groups_without_reward_variance(trl_runs_built, tmp_path, share, verdict):
+    def edit(i, entry):
+        entry["frac_reward_zero_std"] = share
+    found = signals_of(planted(trl_runs_built["grpo_healthy"], tmp_path, edit))["run.reward_variance"]
+    assert found.verdict == verdict and "num_generations=4" in found.detail
+    assert "If the reward is 0/1, a mean of" in found.detail  # the chance level, said as the condition it is
+
+
+@pytest.mark.parametrize("ratio, verdict", [(0.3, "warn"), (0.08, "info"), (0.95, "fail")])
+def test_clipped_completions_by_share(trl_runs_built, tmp_path, ratio, verdict):
+    def edit(i, entry):
+        entry["completions/clipped_ratio"] = ratio
+    found = signals_of(planted(trl_runs_built["grpo_healthy"], tmp_path, edit))["run.completion_clipping"]
+    assert found.verdict == verdict
+    assert "max_completion_length" in found.fix
+
+
+def test_kl_exactly_zero_with_beta_and_varying_rewards_warns(trl_runs_built, tmp_path):
+    def edit(i, entry):
+        entry["kl"] = 0.0
+    found = signals_of(planted(trl_runs_built["grpo_healthy"], tmp_path, edit))["run.policy_drift"]
+    assert found.verdict == "warn" and "exactly 0" in found.title and "sync_ref_model" in found.fix
+
+
+def test_kl_runaway_warns(trl_runs_built, tmp_path):
+    def edit(i, entry):
+        entry["kl"] = 0.01 * 3 ** i  # 0.01 → 197 nats per token
+    found = signals_of(planted(trl_runs_built["grpo_healthy"], tmp_path, edit))["run.policy_drift"]
+    assert found.verdict == "warn" and "runs away" in found.title and "beta" in found.fix
+
+
+@pytest.mark.parametrize("reward_rises, verdict", [(False, "warn"), (True, "info")])
+def test_entropy_collapse(trl_runs_built, tmp_path, reward_rises, verdict):
+    def edit(i, entry):
+        entry["entropy"] = 1.0 if i < 5 else 0.01
+        entry["reward"] = (0.1 * i) if reward_rises else 0.5
+    found = signals_of(planted(trl_runs_built["grpo_healthy"], tmp_path, edit))["run.policy_drift"]
+    assert found.verdict == verdict and "Entropy collapsed" in found.title and "entropy_coef" in found.fix
+
+
+def test_beta_zero_is_named_as_the_cause_of_zero_margins(trl_runs_built, tmp_path):
+    from workbench.probes.run.run_kind import RunKind
+
+    facts_kind = RunKind("preference", ("dpo",), "planted", {"beta": 0.0}, "training_args.bin")
+    from workbench.model.target import resolve_target
+    from workbench.probes.run.log_probe import training_log_probe
+    from workbench.probes.run.preference_signals import judge_preference
+
+    target = resolve_target(str(trl_runs_built["dpo_no_signal"]))
+    log_result = training_log_probe(target.run.run_dir, target)
+    import dataclasses
+
+    facts = dataclasses.replace(log_result.facts, kind=facts_kind)
+    found = {f.id: f for f in judge_preference(log_result.log, facts)[0]}["run.preference_signal"]
+    assert found.verdict == "fail" and "beta is 0" in found.title and "`beta` > 0" in found.fix
+
+
+@pytest.mark.parametrize("eval_falls, verdict", [(False, "info"), (True, "warn")])
+def test_likelihood_displacement(trl_runs_built, tmp_path, eval_falls, verdict):
+    def edit(i, entry):  # chosen falls to -1.0 (β 0.1: -10 nats), the margin grows to 0.5 (5 nats)
+        entry["rewards/chosen"] = -0.1 * (i + 1)
+        entry["rewards/margins"] = 0.05 * (i + 1)
+    evals = [{"step": s, "eval_loss": 0.5, "eval_rewards/accuracies": a}
+             for s, a in ((5, 0.9), (10, 0.7 if eval_falls else 0.95))]
+    found = signals_of(planted(trl_runs_built["dpo_healthy"], tmp_path, edit, eval_rows=evals))
+    displaced = found["run.likelihood_displacement"]
+    assert displaced.verdict == verdict and "lost likelihood" in displaced.title
+    assert '"sft"' in displaced.fix and "2410.08847" in displaced.detail
+
+
+@pytest.mark.parametrize("train, held_out, verdict", [(0.5, 0.5, "fail"), (1.0, 0.6, "warn")])
+def test_reward_model_at_chance_or_overfit(trl_runs_built, tmp_path, train, held_out, verdict):
+    def edit(i, entry):
+        entry["accuracy"] = train
+    evals = [{"step": 10, "eval_loss": 0.6, "eval_accuracy": held_out}]
+    found = signals_of(planted(trl_runs_built["reward_healthy"], tmp_path, edit, eval_rows=evals))["run.reward_model"]
+    assert found.verdict == verdict
+
+
+class RunsCode:
+    """Unpickling this runs a shell command (what a hostile training_args.bin could hold)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.command,))
+
+
+class PickledArgs:
+    pass
+
+
+def test_training_args_are_read_from_opcodes_without_running_them(tmp_path):
+    """A pickle that would run code when unpickled: read as inert placeholders, nothing executed; credentials
+    (hub_token) never kept."""
+    import pickle
+
+    from workbench.probes.run.pickled_args import read_pickled_args
+
+    marker = tmp_path / "ran"
+    args = PickledArgs()
+    args.__dict__.update(beta=0.04, num_generations=4, hub_token="hf_secret", payload=RunsCode(f"touch {marker}"))
+    path = tmp_path / "training_args.bin"
+    path.write_bytes(pickle.dumps(args, protocol=2))
+    read = read_pickled_args(path)
+    assert not marker.exists()
+    assert read.cls.endswith("PickledArgs") and read.fields == {"beta": 0.04, "num_generations": 4}
