@@ -471,12 +471,65 @@ result = {'entries': log.entries + len(log.eval_step), 'verdicts': sorted({f.ver
 
 
 def run_log_row(rows: list, tmp: Path, entries: int, repeats: int) -> None:
-    """run.loss/gradients/schedule/eval (notebook 08) on a trainer_state.json of `entries` log entries."""
+    """run.loss/gradients/schedule/eval (notebook 08) on a trainer_state.json of `entries` log entries; then a GRPO
+    run's log of as many entries (trl 1.16's keys) read and judged by every run check, against reading it into a
+    pandas DataFrame (what a notebook does first)."""
     body = RUN_LOG.replace("TMP", repr(str(tmp))).replace("ENTRIES", str(entries))
     out = measure(body, repeats)
     rows.append((f"trainer_state.json of {out[0]['entries']:,} log entries read and judged (run.loss, run.gradients, "
                  "run.schedule, run.eval)", stats([r["seconds"] for r in out]), "—", "—",
                  f"goal < 2 s; verdicts {', '.join(out[0]['verdicts'])}"))
+    grpo = GRPO_LOG.replace("TMP", repr(str(tmp))).replace("ENTRIES", str(entries))
+    ours = measure(grpo + GRPO_JUDGED, repeats)
+    naive = measure(grpo + GRPO_DATAFRAME, repeats)
+    row(rows, f"a GRPO run's trainer_state.json of {ours[0]['entries']:,} log entries ({ours[0]['megabytes']:.0f} MB, "
+              "trl 1.16's keys) read and judged by every run check, against json + pandas.DataFrame alone", ours, naive,
+        f"goal < 2 s; {ours[0]['trainer']}; verdicts {', '.join(ours[0]['verdicts'])}")
+
+
+GRPO_LOG = """
+import math, types
+from pathlib import Path
+run = Path(TMP) / 'grpo-log'
+run.mkdir(exist_ok=True)
+(run / 'config.json').write_text(json.dumps({'architectures': ['Qwen2ForCausalLM'], 'vocab_size': 151936}))
+keys = ['clip_ratio/high_max', 'clip_ratio/high_mean', 'clip_ratio/low_mean', 'clip_ratio/low_min',
+        'clip_ratio/region_mean', 'completions/clipped_ratio', 'completions/max_length',
+        'completions/max_terminated_length', 'completions/mean_length', 'completions/mean_terminated_length',
+        'completions/min_length', 'completions/min_terminated_length', 'entropy', 'frac_reward_zero_std', 'kl',
+        'num_tokens', 'reward', 'reward_std', 'rewards/accuracy/mean', 'rewards/accuracy/std', 'step_time']
+history = []
+for step in range(1, ENTRIES + 1):
+    entry = {k: (step % 97) / 97 for k in keys}
+    entry.update({'epoch': step / 5000, 'grad_norm': 0.5 + (step % 7) / 10, 'learning_rate': 1e-6, 'loss': 1e-3 * (step % 5),
+                  'frac_reward_zero_std': 0.2, 'completions/clipped_ratio': 0.02, 'entropy': 0.6, 'kl': 0.01,
+                  'reward': 0.3 + 0.4 * step / ENTRIES, 'step': step})
+    history.append(entry)
+state = {'global_step': ENTRIES, 'max_steps': ENTRIES, 'logging_steps': 1, 'epoch': ENTRIES / 5000,
+         'log_history': history}
+(run / 'trainer_state.json').write_text(json.dumps(state, indent=2, sort_keys=True) + '\\n')  # as TrainerState writes
+(run / 'README.md').write_text('---\\ntags:\\n- trl\\n- grpo\\n---\\n')
+megabytes = (run / 'trainer_state.json').stat().st_size / 1e6
+del history, state
+"""
+
+GRPO_JUDGED = """
+from workbench.probes.run.log_probe import training_log_probe
+from workbench.probes.run.trl_signals import run_signals_probe
+target = types.SimpleNamespace(model_dir=run, allow_pickle=False, run=None, checkpoint=str(run))
+start = time.perf_counter()
+logged = training_log_probe(run, target)
+signals = run_signals_probe(logged)
+verdicts = sorted({f.verdict for f in logged.findings() + signals.findings()})
+result = {'entries': logged.log.entries, 'megabytes': megabytes, 'trainer': logged.facts.kind.name, 'verdicts': verdicts}
+"""
+
+GRPO_DATAFRAME = """
+import pandas
+start = time.perf_counter()
+frame = pandas.DataFrame(json.loads((run / 'trainer_state.json').read_text())['log_history'])
+result = {'entries': len(frame)}
+"""
 
 
 def tiny_architecture_rows(rows: list, tmp: Path, model_types: list[str]) -> None:

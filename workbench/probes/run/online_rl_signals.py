@@ -58,8 +58,9 @@ def judge_online_rl(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], l
 def _reward_functions(log: TrainingLog) -> dict[str, float]:
     """Each reward function's largest logged std across the run (`rewards/<name>/std`)."""
     out = {}
-    for key, column in log.metrics.items():
+    for key in log.metrics:  # the keys alone: a column is built when read
         if key.startswith("rewards/") and key.endswith("/std"):
+            column = log.metrics[key]
             finite = column[np.isfinite(column)]
             if len(finite):
                 out[key[len("rewards/"):-len("/std")]] = float(finite.max())
