@@ -207,7 +207,7 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
         Step("run_signals", "preference and RL runs: margins, rewards, completions, KL, entropy",
              f"{_RUN}.trl_signals:run_signals_probe", ("training_log",),
              reports=("run.preference_signal", "run.likelihood_displacement", "run.reward_variance",
-                      "run.completion_clipping", "run.policy_drift", "run.reward_model")),
+                      "run.completion_clipping", "run.policy_drift", "run.reward_trend", "run.reward_model")),
         Step("adapter_progress", "the adapter across checkpoint-N/", f"{_RUN}.adapter_progress:adapter_progress_probe",
              ("run_dir",), {"signals": "run_signals?"}, reports=("run.adapter_progress",)),
         Step("versions", "the run's versions against known regressions", f"{_RUN}.versions:versions_probe",
@@ -703,6 +703,16 @@ CHECKS: tuple[Check, ...] = (
           "info": "entropy collapsed while the reward still improves",
           "warn": "KL exactly 0 with varying rewards, KL runaway, or entropy collapsed with the reward stalled",
           "skip": "not an online RL run, or neither kl nor entropy logged"}),
+    _c("run.reward_trend", "08_training_run",
+       "In an online RL run, does the reward rise — and not only with the completions' length?",
+       "the logged `reward` (≥ 10 steps): its last fifth's median more than twice the first fifth's spread (and 10 "
+       "%) below the first fifth's is a reward falling over the run; rising while `completions/mean_length` grew ≥ "
+       "1.5× with a correlation ≥ 0.8 is named as possible length hacking (Singhal et al. 2023, arXiv:2310.03716) — "
+       "`info`, since a task that needs longer answers looks the same in a log",
+       **{"pass": "the reward holds or rises",
+          "info": "the reward rises with the completions' length",
+          "warn": "the reward falls over the run",
+          "skip": "not an online RL run, or under 10 logged rewards"}),
     _c("run.reward_model", "08_training_run",
        "Does a reward model (trl's RewardTrainer) tell chosen from rejected on its pairs, and on held-out pairs?",
        "`accuracy` on the training batches (last fifth) and `eval_accuracy` at the last evaluation: both ≤ 0.55 is "

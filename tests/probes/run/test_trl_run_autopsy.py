@@ -236,6 +236,17 @@ def test_likelihood_displacement(trl_runs_built, tmp_path, eval_falls, verdict):
     assert '"sft"' in displaced.fix and "2410.08847" in displaced.detail
 
 
+@pytest.mark.parametrize("shape, verdict", [("falls", "warn"), ("with_length", "info"), ("rises", "pass")])
+def test_the_reward_trend(trl_runs_built, tmp_path, shape, verdict):
+    def edit(i, entry):
+        entry["reward"] = {"falls": 0.9 - 0.08 * i, "with_length": 0.1 + 0.08 * i, "rises": 0.1 + 0.08 * i}[shape]
+        entry["completions/mean_length"] = 4 + (2 * i if shape == "with_length" else i % 2)
+    found = signals_of(planted(trl_runs_built["grpo_healthy"], tmp_path, edit))["run.reward_trend"]
+    assert found.verdict == verdict
+    if shape == "with_length":
+        assert "2310.03716" in found.detail and "get_soft_overlong_punishment" in found.fix
+
+
 @pytest.mark.parametrize("train, held_out, verdict", [(0.5, 0.5, "fail"), (1.0, 0.6, "warn")])
 def test_reward_model_at_chance_or_overfit(trl_runs_built, tmp_path, train, held_out, verdict):
     def edit(i, entry):

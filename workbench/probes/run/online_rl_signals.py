@@ -19,6 +19,9 @@ itself, or no update lands). Entropy falling under a tenth of its start: the pol
 exploration with it (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
 Models", arXiv:2505.22617). A KL that grows past 10× its early median and ends above 1 nat per token: the policy
 runs away from the reference.
+
+run.reward_trend — the mean `reward`: falling over the run (warn), or rising in lockstep with
+`completions/mean_length` (information: length hacking and a task that needs length look alike in a log).
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from workbench.probes.run.trainer_state import Mark, TrainingLog, steps_text
 VARIANCE = "run.reward_variance"
 CLIPPING = "run.completion_clipping"
 DRIFT = "run.policy_drift"
+TREND = "run.reward_trend"
 NO_SIGNAL_SHARE = 0.5  # half of the groups or more with one reward, averaged over the run: info
 NO_SIGNAL_END = 0.9  # nine groups in ten alike over the last fifth: warn
 CLIPPED_SHARE = 0.2  # the last fifth's median clipped ratio at or above this, not masked out of the loss: warn
 CLIPPED_NOTED = 0.05  # a few percent cut: named (info)
 ENTROPY_COLLAPSE = 0.1  # the last fifth's entropy under a tenth of the first fifth's
 KL_GROWTH, KL_HIGH = 10.0, 1.0  # KL beyond 10× its first fifth and above 1 nat per token
+TREND_POINTS = 10  # fewer logged rewards than this: too short to call a trend
+LENGTH_TRACKS, LENGTH_GROWTH = 0.8, 1.5  # reward and mean length correlated ≥ 0.8 while the length grew ≥ 1.5×
 
 
 def judge_online_rl(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[Mark]]:
@@ -48,11 +54,12 @@ def judge_online_rl(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], l
         title = f"Not an online RL run ({kind.name})"
         detail = f"read for trl's GRPO and RLOO runs; {kind.evidence}."
         return [Finding(check, "skip", title, f"{check} is {detail}", evidence)
-                for check in (VARIANCE, CLIPPING, DRIFT)], []
+                for check in (VARIANCE, CLIPPING, DRIFT, TREND)], []
     marks: list[Mark] = []
     variance, silent = _variance(log, facts, evidence)
     marks += silent
-    return [variance, _clipping(log, facts, evidence), _drift(log, facts, evidence, variance)], marks
+    return [variance, _clipping(log, facts, evidence), _drift(log, facts, evidence, variance),
+            _trend(log, facts, evidence)], marks
 
 
 def _reward_functions(log: TrainingLog) -> dict[str, float]:
@@ -226,3 +233,43 @@ def _drift(log: TrainingLog, facts: RunFacts, evidence: dict, variance: Finding)
     parts = [kl.span() if kl is not None else None, entropy.span() if entropy is not None else None]
     return Finding(DRIFT, "pass", "The policy stays near its reference and keeps its entropy",
                    "; ".join(p for p in parts if p) + ".", evidence)
+
+
+def _trend(log: TrainingLog, facts: RunFacts, evidence: dict) -> Finding:
+    """The mean reward over the run: falling (the policy gets worse at what it optimises), or rising in lockstep
+    with the completions' length (Singhal et al. 2023, "A Long Way to Go: Investigating Length Correlations in
+    RLHF", arXiv:2310.03716) — information: a length-rewarding judge and a task that needs longer answers look alike
+    in a log."""
+    kind = facts.kind
+    reward, length = series(log, "reward"), series(log, "completions/mean_length")
+    if reward is None or len(reward) < TREND_POINTS:
+        return Finding(TREND, "skip", f"Under {TREND_POINTS} logged rewards: too short to read a trend",
+                       f"The {kind.name} log holds {len(reward) if reward is not None else 0} `reward` values.",
+                       evidence)
+    spread = float(np.std(reward.values[:reward.fifth]))
+    evidence = {**evidence, "reward_first_fifth": reward.start, "reward_last_fifth": reward.end,
+                "reward_first_fifth_std": spread}
+    if reward.end < reward.start - max(2 * spread, 0.1 * abs(reward.start), 1e-6):
+        return Finding(
+            TREND, "warn", f"The reward falls over the run: {reward.span()}",
+            f"The policy ends worse at the reward it optimises than it started (more than twice the first fifth's "
+            f"spread, {spread:.3g}, below it): updates too large for the policy ({kind.cite('learning_rate')}), a "
+            "reward that changed during the run, or collapse after over-optimisation.", evidence,
+            "Resume from the checkpoint with the highest reward at a lower `learning_rate` (or a larger `beta`), and "
+            "read completions of the first and last checkpoints side by side.")
+    if length is not None and len(length) == len(reward) and length.start > 0:
+        grew = length.end / length.start
+        tracks = float(np.corrcoef(reward.values, length.values)[0, 1]) if np.std(length.values) > 0 and \
+            np.std(reward.values) > 0 else 0.0
+        evidence = {**evidence, "length_growth": round(grew, 3), "reward_length_correlation": round(tracks, 3)}
+        if grew >= LENGTH_GROWTH and tracks >= LENGTH_TRACKS and reward.end > reward.start:
+            return Finding(
+                TREND, "info", f"The reward rises with the completions' length: correlation {tracks:.2f}, length "
+                               f"×{grew:.2f} ({length.start:.4g} → {length.end:.4g} tokens)",
+                "Reward and completions/mean_length move together over the run: the policy may be learning to write "
+                "longer rather than better (length hacking; Singhal et al. 2023, arXiv:2310.03716) — or the task "
+                "needs longer answers (long reasoning grows by design).", evidence,
+                "Read completions of the first and last checkpoints side by side; if the extra length adds nothing, "
+                "add a length penalty to `reward_funcs` (trl's `get_soft_overlong_punishment`) or score a "
+                "length-controlled reward.")
+    return Finding(TREND, "pass", f"The reward holds or rises: {reward.span()}", f"{kind.name} run.", evidence)
