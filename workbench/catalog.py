@@ -652,11 +652,12 @@ CHECKS: tuple[Check, ...] = (
        "the trainer recognised from the run's files (`training_args.bin`'s class read from its pickle opcodes, never "
        "unpickled; the model card's trl tags; the keys logged — trl 1.16 sources in "
        "`workbench/probes/run/trl_trainers.yaml`); `rewards/margins` (β·(log π − log π_ref) of chosen minus "
-       "rejected) exactly 0 at every logged step: identical pairs, pairs that differ only past `max_length`, or "
-       "`beta=0` (trl #1627) — the sigmoid loss sits at ln 2",
+       "rejected) exactly 0 at every logged step after the first (≥ 3 steps), the cause told apart: `beta=0` (trl "
+       "#1627); `logps/chosen` == `logps/rejected` — identical pairs, or pairs that differ only past `max_length`; "
+       "else the policy never left the reference (no update landed) — the sigmoid loss sits at ln 2",
        **{"pass": "margins leave 0 toward the chosen answers",
           "fail": "margins exactly 0 at every step: no preference signal (identical or truncated-away pairs, beta 0)",
-          "skip": "not a preference run, or no margins logged"}),
+          "skip": "not a preference run, no margins logged, or under 3 logged steps"}),
     _c("run.likelihood_displacement", "08_training_run",
        "In a DPO run, did the chosen answers lose likelihood against the reference while the margin grew?",
        "`rewards/chosen` / β in nats (the chosen completions' log-probability against the reference) at the end of "

@@ -201,7 +201,7 @@ def test_kl_runaway_warns(trl_runs_built, tmp_path):
 def test_entropy_collapse(trl_runs_built, tmp_path, reward_rises, verdict):
     def edit(i, entry):
         entry["entropy"] = 1.0 if i < 5 else 0.01
-        entry["reward"] = (0.1 * i) if reward_rises else 0.5
+        entry["reward"] = (0.1 * i) if reward_rises else (0.8 if i == 2 else 0.5)  # stalled under its best
     found = signals_of(planted(trl_runs_built["grpo_healthy"], tmp_path, edit))["run.policy_drift"]
     assert found.verdict == verdict and "Entropy collapsed" in found.title and "entropy_coef" in found.fix
 
@@ -228,8 +228,8 @@ def test_likelihood_displacement(trl_runs_built, tmp_path, eval_falls, verdict):
     def edit(i, entry):  # chosen falls to -1.0 (β 0.1: -10 nats), the margin grows to 0.5 (5 nats)
         entry["rewards/chosen"] = -0.1 * (i + 1)
         entry["rewards/margins"] = 0.05 * (i + 1)
-    evals = [{"step": s, "eval_loss": 0.5, "eval_rewards/accuracies": a}
-             for s, a in ((5, 0.9), (10, 0.7 if eval_falls else 0.95))]
+    evals = [{"step": s, "eval_loss": 0.5, "eval_rewards/accuracies": a}  # a sustained drop: the last two
+             for s, a in ((4, 0.9), (7, 0.7 if eval_falls else 0.92), (10, 0.7 if eval_falls else 0.95))]
     found = signals_of(planted(trl_runs_built["dpo_healthy"], tmp_path, edit, eval_rows=evals))
     displaced = found["run.likelihood_displacement"]
     assert displaced.verdict == verdict and "lost likelihood" in displaced.title
@@ -287,3 +287,108 @@ def test_training_args_are_read_from_opcodes_without_running_them(tmp_path):
     read = read_pickled_args(path)
     assert not marker.exists()
     assert read.cls.endswith("PickledArgs") and read.fields == {"beta": 0.04, "num_generations": 4}
+
+
+def test_an_older_longer_tensorboard_launch_into_the_same_folder_is_not_this_run(tmp_path):
+    """Two launches into one output_dir: an old one that logged 40 steps, then this run's 10 (the old folder is
+    neither resumed nor this run's); the newest launch is read, and only where it goes further than the state."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from workbench.probes.run.tensorboard_log import tensorboard_state
+
+    run = tmp_path / "run"
+    for folder, steps in (("runs/Jan01_00-00-00_old", 40), ("runs/Feb01_00-00-00_new", 10)):
+        writer = SummaryWriter(str(run / folder), filename_suffix="")
+        for step in range(1, steps + 1):
+            writer.add_scalar("train/loss", 1.0 / step, step)
+        writer.close()
+    state, files = tensorboard_state(run)
+    assert state["global_step"] == 10 and all("new" in str(p) for p in files)
+    assert tensorboard_state(run, max_steps=5) is None  # events past the recorded max_steps: another run's
+
+
+def _judged_as(output_dir, kind=None, edit=None, tmp_path=None, keep=None):
+    """notebook 08's log and signals steps on a real run (optionally a copy with `edit` applied and only the first
+    `keep` train entries), with the trainer `kind` forced when given."""
+    import dataclasses
+
+    from workbench.model.target import resolve_target
+    from workbench.probes.run.log_probe import training_log_probe
+    from workbench.probes.run.trl_signals import run_signals_probe
+
+    if edit is not None or keep is not None:
+        def cut(i, entry):
+            if edit is not None:
+                edit(i, entry)
+        output_dir = planted(output_dir, tmp_path, cut)
+        if keep is not None:
+            for path in [output_dir / "trainer_state.json", *output_dir.glob("checkpoint-*/trainer_state.json")]:
+                state = json.loads(path.read_text())
+                train = [e for e in state["log_history"] if "loss" in e][:keep]
+                state.update(log_history=train, global_step=keep, max_steps=keep)
+                path.write_text(json.dumps(state))
+    target = resolve_target(str(output_dir))
+    logged = training_log_probe(target.run.run_dir, target)
+    if kind is not None:
+        logged = dataclasses.replace(logged, facts=dataclasses.replace(logged.facts, kind=kind))
+        logged.__dict__.pop("_findings_cache", None)
+    signals = run_signals_probe(logged)
+    return {f.id: f for f in logged.findings() + signals.findings()}
+
+
+def test_one_or_two_logged_steps_are_too_short_to_fail(trl_runs_built, tmp_path):
+    found = _judged_as(trl_runs_built["dpo_no_signal"], tmp_path=tmp_path, keep=2)
+    assert found["run.preference_signal"].verdict == "skip"
+
+
+def test_margins_zero_over_pairs_that_differ_is_an_update_that_never_landed(trl_runs_built, tmp_path):
+    def edit(i, entry):
+        entry["rewards/margins"] = 0.0
+    found = _judged_as(trl_runs_built["dpo_healthy"], edit=edit, tmp_path=tmp_path)
+    signal = found["run.preference_signal"]
+    assert signal.verdict == "fail" and signal.evidence["cause"] == "no update"
+    assert "chosen == rejected" not in signal.fix and "is_trainable=True" in signal.fix
+
+
+def test_zero_gradients_of_identical_pairs_are_explained_by_the_pairs_not_by_checkpointing(trl_runs_built, tmp_path):
+    def edit(i, entry):
+        entry["grad_norm"] = 0.0
+    found = _judged_as(trl_runs_built["dpo_no_signal"], edit=edit, tmp_path=tmp_path)
+    gradients = found["run.gradients"]
+    assert gradients.verdict == "warn" and gradients.evidence["explained_by"] == "run.preference_signal"
+    assert "reentrant" not in gradients.detail + gradients.fix
+
+
+def test_an_rloo_run_with_a_kl_penalty_is_not_judged_on_its_penalised_variance(trl_runs_built):
+    from workbench.probes.run.run_kind import RunKind
+
+    rloo = RunKind("online_rl", ("rloo",), "forced", {"beta": 0.05}, "training_args.bin")
+    found = _judged_as(trl_runs_built["grpo_healthy"], kind=rloo)
+    assert found["run.reward_variance"].verdict == "skip" and "KL" in found["run.reward_variance"].title
+
+
+def test_the_trainer_is_told_from_its_distinct_keys():
+    from workbench.probes.run.run_kind import run_kind, trainers
+
+    dpo, cpo, orpo = (set(trainers()[k].keys) for k in ("dpo", "cpo", "orpo"))
+    assert run_kind([], dpo).name == "DPO"
+    assert run_kind([], dpo | cpo).name == "CPO"  # CPO logs every DPO key and nll_loss
+    assert run_kind([], orpo | cpo).name == "ORPO"  # ORPO logs nll_loss too
+    assert run_kind([], {"rewards/chosen", "logps/chosen", "kl", "loss"}).name == "KTO"  # no undesirable window
+
+
+def test_hostile_pickles_are_refused_without_crashing_the_process(tmp_path):
+    import io
+    import zipfile
+
+    from workbench.probes.run.pickled_args import read_pickled_args
+
+    deep = tmp_path / "deep.bin"  # a million nested tuples as a dict key: hashing it would overflow the C stack
+    deep.write_bytes(b"\x80\x02}N" + b"\x85" * 1_000_000 + b"Ns.")
+    assert read_pickled_args(deep) is None
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:  # 5 MiB of zeros: a bomb in small
+        archive.writestr("archive/data.pkl", b"\0" * (5 << 20))
+    bomb = tmp_path / "bomb.bin"
+    bomb.write_bytes(buffer.getvalue())
+    assert read_pickled_args(bomb) is None

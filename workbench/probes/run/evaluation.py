@@ -22,7 +22,7 @@ RISING_EVALS = 3  # eval loss rising over this many evaluations in a row while t
 def judge_eval(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[Mark]]:
     have = np.isfinite(log.eval_loss)
     evidence = {"trainer_state": str(facts.state_path), "evaluations": int(have.sum())}
-    if facts.kind.family == "online_rl":
+    if set(facts.kind.trainers) & {"grpo", "rloo"}:  # Online DPO's eval_loss is a DPO loss: ranked as usual
         return [_keep_by_reward(log, facts, evidence)], []
     if not have.any():
         return [Finding(CHECK, "info", "No evaluation logged: nothing ranks the checkpoints",

@@ -59,7 +59,16 @@ def judge_gradients(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], l
                "until accelerate #4242 is fixed" if advanced and _fused_or_unknown(facts) else "") + "."))
         marks.append(Mark("grad_norm", tuple(bad.tolist()), "overflow (step skipped)"))
     zero = logged & (grad == 0.0) & supervised
-    if zero.any():
+    explained = _explained_by_the_runs_signal(log, facts) if zero.any() else None
+    if explained is not None:
+        bad = steps[zero]
+        findings.append(Finding(
+            CHECK, "warn", f"grad_norm 0.0 with a non-zero loss at {len(bad)} step(s): {explained[0]}",
+            f"At steps {steps_text(bad)} the gradient norm is exactly 0.0 while the {facts.kind.name} loss is not: "
+            f"{explained[1]}", {**evidence, "steps": bad[:50].tolist(), "explained_by": explained[0]},
+            f"See {explained[0]}: its fix comes first."))
+        marks.append(Mark("grad_norm", tuple(bad.tolist()), "no gradient"))
+    elif zero.any():
         bad = steps[zero]
         every = bool(zero.sum() == (logged & supervised).sum())
         findings.append(Finding(
@@ -99,6 +108,27 @@ def judge_gradients(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], l
                                 + (f"; {aside} with loss 0.0 {_zero_loss_reader(facts)}" if aside else ""), "",
                                 evidence))
     return findings, marks
+
+
+def _explained_by_the_runs_signal(log: TrainingLog, facts: RunFacts) -> tuple[str, str] | None:
+    """(check, why) when a preference or RL run's own signal says every gradient is zero: beta 0 (every implicit
+    reward 0), pairs the policy cannot tell apart (margins 0, equal log-probabilities), or no reward variance in any
+    group. Margins 0 over pairs that differ is a gradient that does not land: the model-level causes below."""
+    if facts.kind.is_sft:
+        return None
+    from workbench.probes.run.online_rl_signals import no_reward_variance
+    from workbench.probes.run.preference_signals import no_signal, pairs_alike
+
+    if facts.kind.arg("beta") == 0 and facts.kind.family == "preference":
+        return ("run.preference_signal", f"with {facts.kind.cite('beta')} every implicit reward is 0 and so is the "
+                                         "gradient of its loss (trl #1627).")
+    if no_signal(log) and pairs_alike(log) and "kto" not in facts.kind.trainers:
+        return ("run.preference_signal", "chosen and rejected are the same tokens at every step (margins 0, equal "
+                                         "log-probabilities): nothing separates them, so nothing moves the policy.")
+    if no_reward_variance(log, facts.kind):
+        return ("run.reward_variance", "every group's completions got the same reward: every advantage is 0, and the "
+                                       "policy gradient with it.")
+    return None
 
 
 def _zero_loss_reader(facts: RunFacts) -> str:

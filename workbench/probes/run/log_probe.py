@@ -78,7 +78,7 @@ def training_log_probe(run_dir: Path, target) -> TrainingLogResult:
     (a run killed after its last save) — and judge it."""
     facts = run_facts(Path(run_dir), target)
     log = read_training_log(facts.state_path)
-    events = tensorboard_state(facts.run_dir)
+    events = tensorboard_state(facts.run_dir, log.max_steps)
     if events is not None and events[0]["global_step"] > log.global_step:  # logged past the last save
         state, files = events
         log = training_log({**log.state, **state}, source=files[-1])

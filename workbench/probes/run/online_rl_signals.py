@@ -39,6 +39,7 @@ DRIFT = "run.policy_drift"
 TREND = "run.reward_trend"
 NO_SIGNAL_SHARE = 0.5  # half of the groups or more with one reward, averaged over the run: info
 NO_SIGNAL_END = 0.9  # nine groups in ten alike over the last fifth: warn
+MIN_ROWS = 3  # fewer logged steps: a cold start or step 1 (policy == reference) tells nothing
 CLIPPED_SHARE = 0.2  # the last fifth's median clipped ratio at or above this, not masked out of the loss: warn
 CLIPPED_NOTED = 0.05  # a few percent cut: named (info)
 ENTROPY_COLLAPSE = 0.1  # the last fifth's entropy under a tenth of the first fifth's
@@ -50,8 +51,9 @@ LENGTH_TRACKS, LENGTH_GROWTH = 0.8, 1.5  # reward and mean length correlated ≥
 def judge_online_rl(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[Mark]]:
     kind = facts.kind
     evidence = {"trainer_state": str(facts.state_path), "trainer": kind.name, "recognised_by": kind.evidence}
-    if kind.family != "online_rl":
-        title = f"Not an online RL run ({kind.name})"
+    if kind.family != "online_rl" or not set(kind.trainers) & {"grpo", "rloo"}:
+        title = (f"Not an online RL run ({kind.name})" if kind.family != "online_rl" else
+                 f"Not a GRPO or RLOO run ({kind.name} logs objective/* keys, read by run.preference_signal)")
         detail = f"read for trl's GRPO and RLOO runs; {kind.evidence}."
         return [Finding(check, "skip", title, f"{check} is {detail}", evidence)
                 for check in (VARIANCE, CLIPPING, DRIFT, TREND)], []
@@ -74,6 +76,25 @@ def _reward_functions(log: TrainingLog) -> dict[str, float]:
     return out
 
 
+def _penalised(kind) -> bool:
+    """RLOO with beta > 0 (its default is 0.05) computes frac_reward_zero_std on the KL-penalised reward
+    (rloo_trainer.py:1663-1700): after the first step it says nothing about the task reward."""
+    beta = kind.arg("beta")
+    return "rloo" in kind.trainers and (beta is None or beta > 0)
+
+
+def no_reward_variance(log: TrainingLog, kind) -> bool:
+    """No group ever differed: frac_reward_zero_std 1.0 at every one of ≥ MIN_ROWS logged steps (not read for an
+    RLOO run with a KL penalty), or every reward function's std 0 throughout."""
+    functions = _reward_functions(log)
+    if functions and all(std == 0.0 for std in functions.values()):
+        zero = series(log, "frac_reward_zero_std")
+        return zero is None or len(zero) >= MIN_ROWS
+    zero = series(log, "frac_reward_zero_std")
+    return (zero is not None and len(zero) >= MIN_ROWS and not _penalised(kind)
+            and bool(np.all(zero.values >= 1.0)))
+
+
 def _variance(log: TrainingLog, facts: RunFacts, evidence: dict) -> tuple[Finding, list[Mark]]:
     kind = facts.kind
     zero = series(log, "frac_reward_zero_std")
@@ -82,15 +103,18 @@ def _variance(log: TrainingLog, facts: RunFacts, evidence: dict) -> tuple[Findin
                        f"The {kind.name} log holds no frac_reward_zero_std (trl ≥ 0.17 logs it).", evidence), []
     functions = _reward_functions(log)
     constant = [name for name, std in functions.items() if std == 0.0]
+    if len(zero) < MIN_ROWS:
+        return Finding(VARIANCE, "skip", f"Under {MIN_ROWS} logged steps: too short to judge the rewards' variance",
+                       f"{len(zero)} logged steps; a cold start can give every group one reward.", evidence), []
+    unit = ("batches" if kind.arg("scale_rewards") == "batch" else "prompt groups")  # batch scaling: 0/1 per batch
     generations = kind.cite("num_generations")
     evidence = {**evidence, "frac_reward_zero_std_mean": round(float(zero.values.mean()), 4),
                 "logged_steps": len(zero), "reward_functions_max_std": functions,
                 "num_generations": kind.arg("num_generations")}
     named = (f" The reward function(s) {', '.join(constant)} never varied (rewards/<name>/std 0 at every step)."
              if constant else "")
-    every_group_alike = bool(np.all(zero.values >= 1.0))
-    functions_constant = bool(functions) and len(constant) == len(functions)
-    if every_group_alike or functions_constant:
+    if no_reward_variance(log, kind):
+        every_group_alike = bool(np.all(zero.values >= 1.0)) and not _penalised(kind)
         fix_target = ", ".join(f"`{name}`" for name in constant) or "the reward function"
         why = ("frac_reward_zero_std 1.0" if every_group_alike else
                "every reward function's std 0 across each batch")
@@ -107,20 +131,25 @@ def _variance(log: TrainingLog, facts: RunFacts, evidence: dict) -> tuple[Findin
             "model never writes gives every completion the same score. With a binary reward, raise "
             "`num_generations` or make the reward graded so that some groups differ."), \
             [Mark("frac_reward_zero_std", tuple(zero.steps.tolist()), "rewards without variance")]
+    if _penalised(kind):
+        return Finding(VARIANCE, "skip", "frac_reward_zero_std of an RLOO run with a KL penalty: not the task reward's",
+                       f"RLOO computes it on the reward minus β·KL ({kind.cite('beta')}; RLOOConfig's default 0.05): "
+                       "after the first step it is near 0 whatever the reward functions return; each function's "
+                       "rewards/<name>/std varies, so no constant function is named.", evidence), []
     share, end = float(zero.values.mean()), zero.end
     expected = _binary_expectation(log, kind.arg("num_generations"))
     if end >= NO_SIGNAL_END:
         return Finding(
-            VARIANCE, "warn", f"Almost no prompt group gives a signal at the end of the run: frac_reward_zero_std "
+            VARIANCE, "warn", f"Almost none of the {unit} gives a signal at the end of the run: frac_reward_zero_std "
                               f"{zero.start:.2f} → {end:.2f}",
-            f"Over the last fifth of {len(zero)} logged steps {end:.0%} of the groups had completions all scored "
+            f"Over the last fifth of {len(zero)} logged steps {end:.0%} of the {unit} had completions all scored "
             f"alike (zero advantage: nothing learned from them).{named} {generations}.{expected} The prompts are "
             "solved always or never (DAPO, arXiv:2503.14476, dynamic sampling).", evidence,
             "Filter the prompts the model always or never solves, raise `num_generations`, or grade the reward "
             "(partial credit) so that groups differ; trl has no dynamic sampling (trl #3708)."), []
     if share >= NO_SIGNAL_SHARE:
         return Finding(
-            VARIANCE, "info", f"{share:.0%} of the prompt groups gave no signal on average "
+            VARIANCE, "info", f"{share:.0%} of the {unit} gave no signal on average "
                               f"(frac_reward_zero_std {zero.start:.2f} → {end:.2f})",
             f"A group whose completions all got the same reward has zero advantages; {share:.0%} of the groups, "
             f"averaged over {len(zero)} logged steps.{named} {generations}.{expected} Expected with a binary reward "
@@ -166,8 +195,10 @@ def _clipping(log: TrainingLog, facts: RunFacts, evidence: dict) -> Finding:
             CLIPPING, "fail", (f"Every completion was cut off: completions/clipped_ratio 1.0 at all {len(clipped)} "
                                "logged steps" if np.all(clipped.values >= 1.0) else
                                f"Nearly every completion is cut off at the end of the run: {clipped.span()}"),
-            f"No completion ended with an EOS token before the length limit ({cited}){lengths}: every reward "
-            f"judged a truncated text. Read from {facts.name(facts.state_path)}; {kind.evidence}.", evidence, fix)
+            ("No completion" if np.all(clipped.values >= 1.0) else f"Over the last fifth, {1 - clipped.end:.0%} of the "
+             "completions at most") + f" ended with an EOS token before the length limit ({cited}){lengths}: "
+            f"the rewards judged truncated text. Read from {facts.name(facts.state_path)}; {kind.evidence}.",
+            evidence, fix)
     masked = kind.arg("mask_truncated_completions") is True
     if clipped.end >= CLIPPED_SHARE and not masked:
         return Finding(
@@ -194,7 +225,7 @@ def _drift(log: TrainingLog, facts: RunFacts, evidence: dict, variance: Finding)
     found: list[Finding] = []
     if kl is not None:
         evidence = {**evidence, "kl_first_fifth": kl.start, "kl_last_fifth": kl.end, "beta": kind.arg("beta")}
-        if np.all(kl.values == 0.0) and len(kl) >= 2 and variance.verdict != "fail":
+        if len(kl) >= MIN_ROWS and np.all(kl.values[1:] == 0.0) and variance.verdict != "fail":
             found.append(Finding(
                 DRIFT, "warn", f"KL to the reference is exactly 0 at all {len(kl)} logged steps while the rewards "
                                "vary",
@@ -216,16 +247,21 @@ def _drift(log: TrainingLog, facts: RunFacts, evidence: dict, variance: Finding)
         reward = series(log, "reward")
         improving = reward is not None and len(reward) >= 10 and reward.end > float(
             np.median(reward.values[-2 * reward.fifth:-reward.fifth]))
+        # a reward at its best (a finished run, every answer right) needs no more exploration
+        saturated = reward is not None and reward.end >= float(reward.values.max()) - 0.05 * (
+            float(reward.values.max()) - float(reward.values.min()))
+        improving = improving or saturated
+        bonus = ("add an entropy bonus (`entropy_coef` > 0, or `use_adaptive_entropy=True`; trl 1.16 "
+                 "grpo_config.py:291-299)" if "grpo" in kind.trainers else
+                 "clip higher (`epsilon_high`, e.g. 0.28: DAPO's Clip-Higher)")
         if entropy.start > 0 and entropy.end < ENTROPY_COLLAPSE * entropy.start:
             found.append(Finding(
                 DRIFT, "info" if improving else "warn", f"Entropy collapsed: {entropy.span()}"
-                + (" while the reward still improves" if improving else ""),
+                + (" while the reward still improves or holds its best" if improving else ""),
                 f"The token entropy of the completions fell under {ENTROPY_COLLAPSE:.0%} of its start: the policy "
                 "samples nearly the same tokens every time, the groups stop differing and learning stalls (Cui et "
                 "al. 2025, arXiv:2505.22617).", evidence,
-                "Raise `temperature`, lower `learning_rate`, or add an entropy bonus (`entropy_coef` > 0, or "
-                "`use_adaptive_entropy=True`; trl 1.16 grpo_config.py:291-299); watch frac_reward_zero_std rise "
-                "with it."))
+                f"Raise `temperature`, lower `learning_rate`, or {bonus}; watch frac_reward_zero_std rise with it."))
     if found:
         from workbench.findings import combine_findings
 

@@ -45,17 +45,29 @@ class PickledArgs:
     fields: dict[str, Any]  # the plain fields only
 
 
+MAX_BYTES = 1 << 20  # a TrainingArguments pickle is ~8 KB; the opcode walk costs ~1 s per MB: larger is refused
+
+
 def pickle_bytes(path: Path) -> bytes:
-    """The pickle stream of a plain pickle file or of torch.save's zip (its `*/data.pkl`)."""
+    """The pickle stream of a plain pickle file or of torch.save's zip (its `*/data.pkl`), at most MAX_BYTES
+    (a larger stream, or a zip entry that says it expands past it, is refused: ValueError)."""
     with open(path, "rb") as handle:
         head = handle.read(4)
     if head == b"PK\x03\x04":
         with zipfile.ZipFile(path) as archive:
-            name = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
-            if name is None:
+            info = next((i for i in archive.infolist() if i.filename.endswith("data.pkl")), None)
+            if info is None:
                 raise ValueError(f"{path}: a zip without data.pkl")
-            return archive.read(name)
-    return Path(path).read_bytes()
+            if info.file_size > MAX_BYTES:
+                raise ValueError(f"{path}: data.pkl of {info.file_size} bytes")
+            with archive.open(info) as entry:
+                data = entry.read(MAX_BYTES + 1)
+    else:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"{path}: over {MAX_BYTES} bytes")
+    return data
 
 
 ENUM_MODULES = ("transformers.", "trl.", "peft.", "accelerate.")  # whose enums (IntervalStrategy, ...) are values
@@ -152,7 +164,8 @@ def read_structure(data: bytes) -> Any:
             stack.append(Global(str(arg).replace(" ", ".")))
         elif name == "STACK_GLOBAL":
             attr, module = stack.pop(), stack.pop()
-            stack.append(Global(f"{module}.{attr}"))
+            named = isinstance(module, str) and isinstance(attr, str)
+            stack.append(Global(f"{module}.{attr}" if named else "?"))
         elif name in ("REDUCE", "NEWOBJ"):
             args, ref = stack.pop(), stack.pop()
             stack.append(Built(ref, tuple(args) if isinstance(args, tuple) else (args,)))
@@ -190,19 +203,17 @@ def read_structure(data: bytes) -> Any:
 
 
 def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
+    """A key kept in a dict or set: a plain scalar or a class reference only. Nothing else is hashed (hashing a
+    million-deep tuple recurses in C and kills the process)."""
+    return value is None or isinstance(value, (str, int, float, bool, bytes, Global))
 
 
 def read_pickled_args(path: Path) -> PickledArgs | None:
     """The class and plain fields of the arguments object in `training_args.bin`; None when unreadable."""
     try:
         built = read_structure(pickle_bytes(path))
-    except (OSError, ValueError, IndexError, KeyError, zipfile.BadZipFile, EOFError):
-        return None
+    except Exception:  # noqa: BLE001 - a hostile or damaged file (encrypted or bombed zip, bad deflate, deep nesting):
+        return None     # no class, no fields, and the log is judged without them
     if not isinstance(built, Built):
         return None
     ref = built.ref

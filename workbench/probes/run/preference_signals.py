@@ -23,12 +23,14 @@ import numpy as np
 
 from workbench.findings import Finding
 from workbench.probes.run.run_facts import RunFacts
+from workbench.probes.run.run_kind import trainers
 from workbench.probes.run.series import series
 from workbench.probes.run.trainer_state import Mark, TrainingLog, steps_text
 
 SIGNAL = "run.preference_signal"
 DISPLACEMENT = "run.likelihood_displacement"
 ZERO_MARGIN = 1e-6  # |margin| at or below this: no difference seen (trl logs a float32 mean)
+MIN_ROWS = 3  # fewer logged steps: step 1 (policy == reference) and a warm-up step tell nothing
 LN2 = math.log(2)
 DISPLACED_NATS = 2.0  # the chosen answers under the reference by more than 2 nats: named (info)
 HELD_OUT_DROP = 0.05  # the evaluation pairs' accuracy this far under its best: the displacement hurts (warn)
@@ -53,38 +55,82 @@ def _marks(margins) -> list[Mark]:
     return [Mark("rewards/margins", tuple(margins.steps[flat].tolist()), "margin 0")] if flat.all() else []
 
 
+def no_signal(log: TrainingLog) -> bool:
+    """Margins exactly 0 at every logged step after the first (at the first the policy may still be the reference:
+    a LoRA starts at B = 0), over at least MIN_ROWS steps."""
+    margins = series(log, "rewards/margins")
+    return margins is not None and len(margins) >= MIN_ROWS and bool(
+        np.all(np.abs(margins.values[1:]) <= ZERO_MARGIN))
+
+
+def pairs_alike(log: TrainingLog) -> bool:
+    """The policy gave chosen and rejected the same log-probability at every step: the same tokens (identical
+    pairs, or pairs truncated to the same prefix by max_length)."""
+    chosen, rejected = series(log, "logps/chosen"), series(log, "logps/rejected")
+    return (chosen is not None and rejected is not None and len(chosen) == len(rejected)
+            and bool(np.allclose(chosen.values, rejected.values, rtol=1e-4, atol=1e-4)))
+
+
+def _config(kind) -> str:
+    """The config class the user wrote (DPOConfig, KTOConfig, …)."""
+    return trainers()[kind.trainers[0]].config if kind.trainers else "the trainer's config"
+
+
 def _signal(log: TrainingLog, facts: RunFacts, margins, evidence: dict) -> Finding:
     kind = facts.kind
-    accuracy = series(log, "rewards/accuracies")
     loss = log.loss[np.isfinite(log.loss)]
     evidence = {**evidence, "logged_steps": len(margins), "margins_first": float(margins.values[0]),
                 "margins_last": float(margins.values[-1])}
-    if np.all(np.abs(margins.values) <= ZERO_MARGIN) and kind.arg("beta") == 0:
+    if len(margins) < MIN_ROWS:
+        return Finding(SIGNAL, "skip", f"Under {MIN_ROWS} logged steps: too short to judge the margins",
+                       "At the first step the policy is still the reference (margins 0 by construction).", evidence)
+    if not no_signal(log):
+        acc = series(log, "rewards/accuracies")
+        return _signal_pass(facts, margins, acc, evidence)
+    config = _config(kind)
+    if kind.arg("beta") == 0:
         return Finding(
             SIGNAL, "fail", f"No preference signal: beta is 0, so every implicit reward and margin is 0 "
                             f"({len(margins)} logged steps)",
             f"The implicit reward is β·(log π − log π_ref): with {kind.cite('beta')} it is 0 for every completion and "
-            "the sigmoid loss sits at ln 2 whatever the pairs (trl #1627; DPOConfig does not refuse β = 0, "
-            f"dpo_config.py:297). {kind.evidence}.", {**evidence, "beta": 0.0},
-            "Set `beta` > 0 in DPOConfig (its default is 0.1; higher keeps the policy nearer the reference).")
-    if np.all(np.abs(margins.values) <= ZERO_MARGIN):
-        at_ln2 = bool(len(loss)) and bool(np.all(np.abs(loss - LN2) < 1e-3))
-        max_length = kind.cite("max_length")
+            f"the loss sits at its zero-margin value whatever the data (trl #1627; {config} does not refuse β = 0). "
+            f"{kind.evidence}.", {**evidence, "beta": 0.0, "cause": "beta"},
+            f"Set `beta` > 0 in {config} (DPOConfig's default is 0.1; higher keeps the policy nearer the reference).")
+    at_ln2 = bool(len(loss)) and bool(np.all(np.abs(loss[1:] - LN2) < 1e-3))
+    title = (f"No preference signal: rewards/margins is 0 at every one of {len(margins)} logged steps"
+             + (f", the loss fixed at ln 2 = {LN2:.4f}" if at_ln2 else ""))
+    same = pairs_alike(log)
+    evidence = {**evidence, "loss_at_ln2": at_ln2, "max_length": kind.arg("max_length"),
+                "logps_chosen_equal_rejected": same}
+    if same and "kto" not in kind.trainers:
+        limit = kind.arg("max_length")
         return Finding(
-            SIGNAL, "fail", f"No preference signal: rewards/margins is 0 at every one of {len(margins)} logged steps"
-            + (f", the loss fixed at ln 2 = {LN2:.4f}" if at_ln2 else ""),
+            SIGNAL, "fail", title,
             f"The {kind.name} run logged a margin of exactly 0 between chosen and rejected at every step "
-            f"({steps_text(margins.steps)}): the policy's log-probabilities of the two completions move together, "
-            "as when each pair's chosen and rejected are the same text, or differ only past the length the "
-            f"trainer keeps ({max_length}; with truncation both become the same tokens). "
+            f"({steps_text(margins.steps)}), and the policy gave the two the same log-probability (logps/chosen == "
+            "logps/rejected): each pair's chosen and rejected are the same text, or differ only past the length the "
+            f"trainer keeps ({kind.cite('max_length')}; truncation makes them the same tokens). "
             + (f"The loss sits at −log σ(0) = ln 2 = {LN2:.4f} throughout: no gradient separates them. "
                if at_ln2 else "")
             + f"Read from {facts.name(facts.state_path)}; {kind.evidence}.",
-            {**evidence, "loss_at_ln2": at_ln2, "max_length": kind.arg("max_length")},
+            {**evidence, "cause": "pairs"},
             "Check the pairs before training: count rows where `chosen == rejected` (after applying the chat "
             "template) and drop them; tokenize a few pairs and compare them up to "
-            f"{'max_length=' + str(kind.arg('max_length')) if kind.arg('max_length') else 'max_length'} — if they "
-            "differ only after it, raise `max_length` (DPOConfig) or shorten the prompts so the answers fit.")
+            f"{'max_length=' + str(limit) if limit else 'max_length'} — if they differ only after it, raise "
+            f"`max_length` ({config}) or shorten the prompts so that the answers fit.")
+    return Finding(
+        SIGNAL, "fail", title,
+        f"The {kind.name} run logged a margin of exactly 0 at every step ({steps_text(margins.steps)}) although the "
+        "completions it compares differ: the policy never left the reference, so no update reached the weights "
+        "that generate (run.gradients and run.adapter_progress say whether any gradient or update landed). "
+        f"Read from {facts.name(facts.state_path)}; {kind.evidence}.", {**evidence, "cause": "no update"},
+        f"Check that the model has trainable parameters on the forward path (a PeftModel loaded with "
+        f"`is_trainable=True`), that `learning_rate` > 0 in {config}, and one training step's gradients (notebook "
+        "04's grad.flow).")
+
+
+def _signal_pass(facts: RunFacts, margins, accuracy, evidence: dict) -> Finding:
+    kind = facts.kind
     acc = f", rewards/accuracies {accuracy.start:.2f} → {accuracy.end:.2f}" if accuracy is not None else ""
     return Finding(SIGNAL, "pass", f"The run separates chosen from rejected: {margins.span()}{acc}",
                    f"{kind.name} run, {len(margins)} logged steps read from {facts.name(facts.state_path)}.",
@@ -102,8 +148,12 @@ def _displacement(log: TrainingLog, facts: RunFacts, margins, evidence: dict) ->
                        "run.likelihood_displacement reads a DPO run's rewards/chosen = β·(log π − log π_ref) of the "
                        "chosen completions.", evidence)
     beta = kind.arg("beta")
-    beta_source = kind.cite("beta") if beta else "beta not recorded: DPOConfig's default 0.1 assumed"
-    beta = float(beta) if beta else 0.1
+    if beta == 0 or no_signal(log):
+        return Finding(DISPLACEMENT, "skip", "Likelihood displacement not read: the run has no preference signal",
+                       "run.preference_signal names why the margins stayed 0; displacement needs a margin.",
+                       evidence)
+    beta_source = kind.cite("beta") if beta is not None else "beta not recorded: DPOConfig's default 0.1 assumed"
+    beta = float(beta) if beta is not None else 0.1
     c, m = chosen.end / beta, margins.end / beta  # nats against the reference, summed over the completion
     evidence = {**evidence, "chosen_log_ratio_nats": round(c, 4), "margin_nats": round(m, 4), "beta": beta,
                 "rewards_chosen_last_fifth": chosen.end}
@@ -121,7 +171,8 @@ def _displacement(log: TrainingLog, facts: RunFacts, margins, evidence: dict) ->
               "likelihood displacement (Razin et al. 2024, arXiv:2410.08847; Pal et al. 2024, arXiv:2402.13228).")
     accuracy = log.eval_metrics.get("eval_rewards/accuracies")
     held = accuracy[np.isfinite(accuracy)] if accuracy is not None else np.array([])
-    if c < -max(DISPLACED_NATS, m) and len(held) >= 2 and held[-1] < held.max() - HELD_OUT_DROP:
+    # a sustained drop: the last two of three or more evaluations under the best (one dip is small-set noise)
+    if c < -max(DISPLACED_NATS, m) and len(held) >= 3 and np.all(held[-2:] < held.max() - HELD_OUT_DROP):
         return Finding(DISPLACEMENT, "warn", title + f"; held-out accuracy fell to {held[-1]:.2f} from {held.max():.2f}",
                        detail + " The chosen answers lost more than the margin gained, and the evaluation pairs' "
                        "accuracy fell from its best: the preferred answers themselves are being unlearned.",

@@ -88,14 +88,19 @@ def card_tags(readme: Path) -> set[str]:
 
 
 def _by_keys(keys: set[str]) -> tuple[str, ...]:
-    """The trainers whose every key (and every distinct key) the log holds; where some of them have distinct keys
-    present, those; a trainer with no keys (SFT) never matches."""
+    """The trainers whose every key the log holds; a trainer with distinct keys (CPO's nll_loss, ORPO's
+    log_odds_ratio, Online DPO's val/contain_eos_token) only when those are there, and then it wins over the
+    trainers it shares keys with (CPO logs all of DPO's); a trainer with no keys (SFT) never matches."""
     found = [t for t in trainers().values() if t.keys and set(t.keys) <= keys and set(t.distinct) <= keys]
     distinct = [t for t in found if t.distinct]
-    chosen = distinct or found
-    # DPO's keys are a subset of CPO's plus logps: keep the one matching the most keys
-    best = max((len(t.keys) for t in chosen), default=0)
-    return tuple(t.key for t in chosen if len(t.keys) == best)
+    most = max((len(t.distinct) for t in distinct), default=0)
+    return tuple(t.key for t in ([t for t in distinct if len(t.distinct) == most] or found))
+
+
+def _by_tags(tags: set[str]) -> list[Trainer]:
+    """The trainers a card's tags name; of two where one tag contains the other ('online-dpo', 'dpo'), the longer."""
+    named = [t for t in trainers().values() if t.tag in tags]
+    return [t for t in named if not any(t.tag != o.tag and t.tag in o.tag for o in named)]
 
 
 def run_kind(folders: list[Path], logged_keys: set[str]) -> RunKind:
@@ -116,11 +121,10 @@ def run_kind(folders: list[Path], logged_keys: set[str]) -> RunKind:
             return RunKind(trainer.family, (trainer.key,) if trainer.family != "sft" else (),
                            f"{args_file} holds a {read.cls} (read from its opcodes, not unpickled)", args, args_file)
         break
-    by_tag = {t.tag: t for t in trainers().values()}
     for folder in folders:
         tags = card_tags(folder / "README.md")
-        named = [by_tag[t] for t in sorted(tags) if t in by_tag]
-        if named:
+        named = _by_tags(tags)
+        if len(named) == 1:  # two trainers named (a card carried over): the keys decide
             trainer = named[0]
             return RunKind(trainer.family, (trainer.key,) if trainer.family != "sft" else (),
                            f"{folder.name}/README.md tags: {', '.join(sorted(tags))}", args, args_file)

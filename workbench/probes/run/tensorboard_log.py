@@ -4,8 +4,8 @@ judged as far as it logged — past its last checkpoint when it was killed befor
 transformers' `TensorBoardCallback.on_log` writes every numeric log value with `add_scalar(key, value,
 global_step)` after `rewrite_logs` (integrations/integration_utils.py, 5.23): `eval_x` → `eval/x`, `test_x` →
 `test/x`, anything else → `train/x` (trl's `rewards/margins` → `train/rewards/margins`). The event files are read
-with tensorboard's own `EventAccumulator`, every scalar kept (size guidance 0). A resumed run writes one file per
-launch: the later file wins a step both hold.
+with tensorboard's own `EventAccumulator`, every scalar kept (size guidance 0). Each launch writes its own folder
+(runs/<date>_<host>): the newest is read, with the launches it resumed.
 """
 
 from __future__ import annotations
@@ -66,15 +66,42 @@ def read_events(files: list[Path]) -> list[dict[str, Any]]:
     return entries
 
 
-def tensorboard_state(run_dir: Path) -> tuple[dict[str, Any], list[Path]] | None:
+def launches(files: list[Path]) -> list[list[Path]]:
+    """The event files grouped by folder (the Trainer's logging_dir is one folder per launch: runs/<date>_<host>),
+    oldest launch first (by its first file's name, which carries the creation time)."""
+    by_folder: dict[Path, list[Path]] = {}
+    for path in files:
+        by_folder.setdefault(path.parent, []).append(path)
+    return sorted(by_folder.values(), key=lambda group: (min(p.name for p in group), str(group[0])))
+
+
+def _steps(entries: list[dict[str, Any]]) -> list[int]:
+    return [e["step"] for e in entries if "loss" in e]
+
+
+def tensorboard_state(run_dir: Path, max_steps: int | None = None) -> tuple[dict[str, Any], list[Path]] | None:
     """A trainer_state-like dict (`log_history`, `global_step`) from the run's TensorBoard events, and the files
-    read; None when there are none or tensorboard is not installed."""
+    read; None when there are none, tensorboard is not installed, or the events log past `max_steps` (another
+    run's). The newest launch is read, with the earlier launches it resumed (one that started before it and
+    reached its first step; the later launch wins the steps both logged): an older, longer launch into the same
+    output_dir that it did not resume is not this run."""
     files = event_files(run_dir)
     if not files:
         return None
     try:
-        entries = read_events(files)
+        groups = [(group, read_events(group)) for group in launches(files)]
     except ImportError:
         return None
-    steps = [e["step"] for e in entries if "loss" in e]
-    return {"log_history": entries, "global_step": max(steps, default=0)}, files
+    chain = [groups[-1]]
+    for group in reversed(groups[:-1]):
+        earlier, later = _steps(group[1]), _steps(chain[0][1])
+        if earlier and later and min(earlier) < min(later) <= max(earlier) + 1:  # resumed: it went on from here
+            start = min(later)  # the later launch wins the steps both logged (it resumed from a checkpoint)
+            chain.insert(0, (group[0], [e for e in group[1] if e["step"] < start]))
+        else:
+            break
+    entries = [e for _, found in chain for e in found]
+    steps = _steps(entries)
+    if not steps or (max_steps and max(steps) > max_steps):
+        return None
+    return {"log_history": entries, "global_step": max(steps)}, [p for group, _ in chain for p in group]
