@@ -229,6 +229,8 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
              reports=("train.ddp_checkpointing",)),
         Step("fsdp_units", "FSDP units, replayed on the meta device", f"{_TRAIN}.fsdp_units:fsdp_units_probe",
              ("prepared", "target", "configuration"), reports=("train.fsdp_units",)),
+        Step("rl_rollout", "one generation batch scored by your reward functions (GRPO, RLOO)",
+             f"{_TRAIN}.rl_rollout:rl_rollout_probe", ("configuration",), reports=("train.rl_rollout",)),
     )),
     NotebookSpec("10_serving", "10 · Train against serve: the adapter where it is served", "Serving", (
         _PREPARE,
@@ -814,6 +816,20 @@ CHECKS: tuple[Check, ...] = (
           "fail": "a unit FSDP refuses, named with its tensors and torch's message (the FSDP1 messages checked "
                   "against real FSDP1 on one gloo rank)",
           "skip": "no configuration to read"}),
+    _c("train.rl_rollout", "09_training_step",
+       "Before a GRPO or RLOO run's first step: do your reward functions score the first generation batch "
+       "differently, and do its completions end before max_completion_length?",
+       "the trainer's own dataloader builds the first generation batch and its own `_generate_and_score_completions` "
+       "generates, calls every reward function and computes the advantages (trl 1.16 grpo_trainer.py:2324, "
+       "rloo_trainer.py:1458); what it appends to the trainer's metrics is read (`rewards/<name>/mean` and `/std`, "
+       "`frac_reward_zero_std`, `completions/clipped_ratio`) and the metrics, the completions table and the token "
+       "count are put back. A sample before any update: `warn`, not `fail` — the run autopsy judges the run",
+       **{"pass": "the rewards vary and the completions end",
+          "info": "half of the batch's prompt groups or more got one reward",
+          "warn": "every reward function returned one value for every completion, or every completion ran to "
+                  "max_completion_length",
+          "skip": "not a GRPO or RLOO trainer (the callback's live trainer, or the one your set-up returns), or a "
+                  "set-up's trainer whose accelerator state an earlier check reset (the callback runs it)"}),
     _c("serve.adapter", "10_serving",
        "Will each serving engine load this adapter, and compute the update PEFT trained?",
        "per engine — vLLM, llama.cpp (GGUF), TGI/LoRAX, SGLang — from `adapter_config.json` and the adapter's tensors "

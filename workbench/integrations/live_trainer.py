@@ -65,19 +65,17 @@ def untouched_run(trainer, model) -> Iterator[None]:
     import numpy as np
     import torch
 
+    from workbench.model.accelerate_state import kept_as_launched
+
     states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
               torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
     buffers = [(b, b.detach().clone()) for b in model.buffers() if b.device.type != "meta"]
     accelerator = getattr(trainer, "accelerator", None)
     loaders = list(getattr(accelerator, "_dataloaders", []))
-    shared = accelerate_shared_states()
-    kept = [dict(state) for state in shared]
     try:
-        yield
+        with kept_as_launched():
+            yield
     finally:
-        for state, values in zip(shared, kept):  # in place: every live state object's __dict__ is this dict
-            state.clear()
-            state.update(values)
         random.setstate(states[0])
         np.random.set_state(states[1])
         torch.set_rng_state(states[2])
@@ -88,14 +86,6 @@ def untouched_run(trainer, model) -> Iterator[None]:
                 buffer.copy_(value)
         if accelerator is not None and hasattr(accelerator, "_dataloaders"):
             accelerator._dataloaders[:] = loaders
-
-
-def accelerate_shared_states() -> list[dict]:
-    """accelerate's Borg dicts (accelerate 1.15 state.py: PartialState, AcceleratorState, GradientState share one
-    `_shared_state` per class; each instance's __dict__ is that dict)."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    return [PartialState._shared_state, AcceleratorState._shared_state, GradientState._shared_state]
 
 
 def first_batch(trainer) -> dict[str, Any]:

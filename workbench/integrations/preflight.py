@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,15 +98,29 @@ def _first_batch_file(trainer, folder: Path) -> Path | None:
     nothing about the model; data.labels names it). One row: which tensors get a gradient, which scenario raises and
     which dtype flows where do not depend on the batch size, and each check runs several forwards. A batch whose
     tensors do not share one batch dimension (a VLM's flattened image patches) is kept whole; one with no supervised
-    row is not used, and the model checks use the workbench's own batch."""
+    row, or the batch of a trl trainer whose batches are pairs or prompts (DPO, GRPO, …: no input of the model's
+    forward), is not used, and the model checks use the workbench's own batch."""
     if trainer is None or getattr(trainer, "train_dataset", None) is None:
         return None
     from safetensors.torch import save_file
 
-    batch = tensors_only(first_batch(trainer))
+    from workbench.errors import NotApplicable
+    from workbench.probes.data.batches import refuse_unsupervised_batches
+
+    try:
+        refuse_unsupervised_batches(trainer)  # trl's pairs and prompts are no inputs of the model's forward
+    except NotApplicable:
+        return None
+    batch = first_batch(trainer)
+    if not isinstance(batch, Mapping):
+        return None
+    batch = tensors_only(batch)
     labels = batch.get("labels")
-    supervised = list(range(len(labels))) if labels is None or labels.dim() == 0 else [
-        i for i in range(labels.shape[0]) if bool((labels[i] != IGNORE_INDEX).any())]
+    sizes = {v.shape[0] for v in batch.values() if v.dim()}
+    if labels is None or labels.dim() == 0:  # no labels to read: every row counts (one batch size, else whole)
+        supervised = list(range(next(iter(sizes)))) if len(sizes) == 1 else [0]
+    else:
+        supervised = [i for i in range(labels.shape[0]) if bool((labels[i] != IGNORE_INDEX).any())]
     if not supervised:
         return None
     rows = {v.shape[0] for v in batch.values() if v.dim()}
@@ -184,11 +199,12 @@ def _skipped(folder: Path, spec, why: str) -> NotebookRun:
 def live_data_path(trainer, processing_class, samples: int | None):
     """notebook 07's `data_path` for the live Trainer: its train_dataset through its own dataloader and collator."""
     from workbench.errors import NotApplicable
-    from workbench.probes.data.batches import DataBatches, template_markers
+    from workbench.probes.data.batches import DataBatches, refuse_unsupervised_batches, template_markers
 
     if trainer is None or getattr(trainer, "train_dataset", None) is None:
         raise NotApplicable("the callback found no Trainer with a train_dataset to read batches from",
                             "no train_dataset")
+    refuse_unsupervised_batches(trainer)
     tokenizer = tokenizer_of(trainer, processing_class)
     if tokenizer is None:
         raise NotApplicable("your Trainer has no processing_class and its collator no tokenizer: the data path "

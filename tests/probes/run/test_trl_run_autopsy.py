@@ -99,31 +99,67 @@ def test_the_trainer_is_recognised_without_training_args_bin_from_the_card_then_
     assert run_kind([copy], {"loss", "grad_norm"}).is_sft
 
 
-def test_the_live_callback_in_a_grpo_trainer_names_the_reward_variance(trl_runs_built, tmp_path):
-    """WorkbenchCallback inside a real GRPOTrainer: the run autopsy at the end judges the live log by the same
-    checks (the trainer recognised from the live GRPOConfig)."""
+def grpo_in_callback(folder, reward, *, callback=None, eos_mismatch=False, steps=4):
+    """A real GRPOTrainer on the tiny base, with `callback` (a WorkbenchCallback) or none: its log history."""
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    with trl_runs._one_thread():
+        base = trl_runs.base_model(folder / "base", eos="<|endoftext|>" if eos_mismatch else None)
+        args = GRPOConfig(**trl_runs._common(folder / "run", per_device_train_batch_size=8, num_generations=4,
+                                             max_completion_length=trl_runs.MAX_COMPLETION, max_steps=steps,
+                                             save_steps=100))
+        trainer = GRPOTrainer(model=str(base), reward_funcs=reward, args=args,
+                              train_dataset=Dataset.from_list(trl_runs._prompts(40)),
+                              processing_class=AutoTokenizer.from_pretrained(base),
+                              callbacks=[callback] if callback is not None else [])
+        trainer.train()
+    return [e for e in trainer.state.log_history if "loss" in e]
+
+
+def callback_findings(callback) -> dict:
+    report = json.loads((callback.report_folder / "findings.json").read_text())
+    return {f["id"]: f for f in report["findings"]}
+
+
+def test_the_live_callback_in_a_grpo_trainer_scores_the_first_batch_and_names_the_reward_variance(tmp_path):
+    """WorkbenchCallback inside a real GRPOTrainer: before the first step the trainer's own code generates and
+    scores the first batch (train.rl_rollout names the function that scores everything alike); after the last,
+    the autopsy judges the live log by the same checks (the trainer recognised from the live GRPOConfig)."""
     from workbench.integrations import WorkbenchCallback
 
-    with trl_runs._one_thread():
-        base = trl_runs.base_model(tmp_path / "base")
-        args = GRPOConfig(**trl_runs._common(tmp_path / "run", per_device_train_batch_size=8, num_generations=4,
-                                             max_completion_length=trl_runs.MAX_COMPLETION, max_steps=4,
-                                             save_steps=100))
-        callback = WorkbenchCallback()
-        trainer = GRPOTrainer(model=str(base), reward_funcs=trl_runs.answer_tag, args=args,
-                              train_dataset=Dataset.from_list(trl_runs._prompts(40)),
-                              processing_class=AutoTokenizer.from_pretrained(base), callbacks=[callback])
-        trainer.train()
-    report = json.loads((callback.report_folder / "findings.json").read_text())
-    by_id = {f["id"]: f for f in report["findings"]}
+    callback = WorkbenchCallback()
+    grpo_in_callback(tmp_path, trl_runs.answer_tag, callback=callback)
+    by_id = callback_findings(callback)
     assert {i: f["title"] for i, f in by_id.items() if f["verdict"] == "error"} == {}  # the pre-flight ran on GRPO
+    rollout = by_id["train.rl_rollout"]
+    assert rollout["verdict"] == "warn" and "`answer_tag` → 0" in rollout["title"] and "`answer_tag`" in rollout["fix"]
     assert by_id["run.reward_variance"]["verdict"] == "fail"
     assert "GRPOConfig" in by_id["run.reward_variance"]["evidence"]["recognised_by"]
     assert by_id["run.loss"]["verdict"] == "pass"
+
+
+def test_the_first_batch_of_a_run_that_never_stops_and_of_a_healthy_one(tmp_path):
+    from workbench.integrations import WorkbenchCallback
+
+    clipped, healthy = WorkbenchCallback(), WorkbenchCallback()
+    grpo_in_callback(tmp_path / "clipped", trl_runs.says_red, callback=clipped, eos_mismatch=True, steps=1)
+    rollout = callback_findings(clipped)["train.rl_rollout"]
+    assert rollout["verdict"] == "warn" and f"max_completion_length={trl_runs.MAX_COMPLETION}" in rollout["title"]
+    grpo_in_callback(tmp_path / "healthy", trl_runs.brevity, callback=healthy, steps=1)
+    assert callback_findings(healthy)["train.rl_rollout"]["verdict"] == "pass"
+
+
+def test_scoring_the_first_batch_leaves_the_run_as_it_would_have_been(tmp_path):
+    """The same GRPO run with and without the callback: the same log, step for step (the random streams, the
+    trainer's metrics, its completions table and token count are put back after the pre-flight's batch)."""
+    from workbench.integrations import WorkbenchCallback
+
+    keys = ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "num_tokens")
+    plain = grpo_in_callback(tmp_path / "plain", trl_runs.brevity, steps=2)
+    watched = grpo_in_callback(tmp_path / "watched", trl_runs.brevity, callback=WorkbenchCallback(), steps=2)
+    assert [{k: e.get(k) for k in keys} for e in watched] == [{k: e.get(k) for k in keys} for e in plain]
 
 
 def test_tensorboard_events_past_the_last_save_are_read(tmp_path):
@@ -392,3 +428,27 @@ def test_hostile_pickles_are_refused_without_crashing_the_process(tmp_path):
     bomb = tmp_path / "bomb.bin"
     bomb.write_bytes(buffer.getvalue())
     assert read_pickled_args(bomb) is None
+
+
+def test_the_live_callback_in_a_dpo_trainer_runs_its_preflight_and_reads_the_margins(tmp_path):
+    """WorkbenchCallback in a real DPOTrainer (LoRA): the pre-flight runs on the live policy without an error (the
+    data path says its batches are pairs, not labelled sequences), the autopsy reads the margins."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    from workbench.integrations import WorkbenchCallback
+
+    callback = WorkbenchCallback()
+    with trl_runs._one_thread():
+        base = trl_runs.base_model(tmp_path / "base")
+        args = DPOConfig(**trl_runs._common(tmp_path / "run", per_device_train_batch_size=4, max_steps=4,
+                                            learning_rate=5e-3, max_length=64, save_steps=100))
+        DPOTrainer(model=str(base), args=args, train_dataset=Dataset.from_list(trl_runs._pairs(16)),
+                   processing_class=trl_runs.tokenizer(), peft_config=trl_runs._lora(),
+                   callbacks=[callback]).train()
+    by_id = callback_findings(callback)
+    assert {i: f["title"] for i, f in by_id.items() if f["verdict"] == "error"} == {}
+    assert by_id["data.labels"]["verdict"] == "skip" and "chosen and rejected pairs" in by_id["data.labels"]["detail"]
+    assert by_id["grad.flow"]["verdict"] in ("pass", "info")  # the pre-flight's step on the live policy
+    assert by_id["train.rl_rollout"]["verdict"] == "skip"
+    assert by_id["run.preference_signal"]["verdict"] == "pass"

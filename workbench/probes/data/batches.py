@@ -19,9 +19,11 @@ import dataclasses
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 from workbench.display.result import ProbeResult
+from workbench.errors import NotApplicable
 
 IGNORE = -100
 TEMPLATE_PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
@@ -209,6 +211,9 @@ class DataBatches(ProbeResult):
         config = getattr(trainer.model, "config", None)
         encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         for batch in loader:
+            if not isinstance(batch, Mapping):
+                raise ValueError(f"your {type(trainer).__name__}'s batches are {type(batch).__name__}s, not dicts "
+                                 "of tensors: the data path reads labelled batches")
             if "labels" not in batch:
                 raise ValueError(f"your {type(trainer).__name__}'s batches carry no labels (keys: {sorted(batch)}): "
                                  "the model computes no loss from them; give the collator labels")
@@ -355,6 +360,28 @@ def message_text(content) -> Any:
     return content
 
 
+# trl's trainers whose batches are no supervised (labelled) sequences, and what they are instead (trl 1.16)
+UNSUPERVISED_BATCHES = {
+    "GRPOTrainer": "prompts; the completions are generated during training (train.rl_rollout scores a batch)",
+    "RLOOTrainer": "prompts; the completions are generated during training (train.rl_rollout scores a batch)",
+    "OnlineDPOTrainer": "prompts; the completions are generated during training",
+    "DPOTrainer": "chosen and rejected pairs (the run autopsy's run.preference_signal reads their margins)",
+    "KTOTrainer": "completions labelled desirable or not",
+    "ORPOTrainer": "chosen and rejected pairs", "CPOTrainer": "chosen and rejected pairs",
+    "RewardTrainer": "chosen and rejected pairs scored by a classifier head",
+}
+
+
+def refuse_unsupervised_batches(trainer) -> None:
+    """NotApplicable for a trl trainer whose batches are not labelled sequences: the data path's checks (labels,
+    EOS, truncation, template) read a supervised run's batches."""
+    for cls in type(trainer).__mro__:
+        what = UNSUPERVISED_BATCHES.get(cls.__name__)
+        if what is not None:
+            raise NotApplicable(f"your {type(trainer).__name__}'s batches are {what}: the data path reads a "
+                                "supervised run's labelled batches", f"a {cls.__name__}")
+
+
 def data_path_probe(target, samples: int | None = None, max_length: int | None = None) -> DataBatches:
     """How the run builds its batches from --data (nothing is read yet: the statistics stream it)."""
     from workbench.model.loading import load_processor
@@ -374,6 +401,7 @@ def data_path_probe(target, samples: int | None = None, max_length: int | None =
     else:
         processor = load_processor(target.model_dir)
     if trainer is not None:  # the tokenizer the run pads with: the Trainer's, else its collator's
+        refuse_unsupervised_batches(trainer)
         collator = trainer.data_collator
         processor = (getattr(trainer, "processing_class", None) or getattr(collator, "tokenizer", None)
                      or getattr(collator, "processor", None) or processor)
