@@ -452,3 +452,14 @@ def test_the_live_callback_in_a_dpo_trainer_runs_its_preflight_and_reads_the_mar
     assert by_id["grad.flow"]["verdict"] in ("pass", "info")  # the pre-flight's step on the live policy
     assert by_id["train.rl_rollout"]["verdict"] == "skip"
     assert by_id["run.preference_signal"]["verdict"] == "pass"
+
+
+def test_a_first_batch_whose_groups_mostly_agree_is_information():
+    """A 0/1 reward that differs across the batch but agrees within most prompt groups (what the trainer's metrics
+    say after scoring): named as information, not a warning — usual with few generations."""
+    from workbench.probes.train.rl_rollout import RolloutResult
+
+    result = RolloutResult("GRPOTrainer", {"frac_reward_zero_std": 0.75, "completions/clipped_ratio": 0.0,
+                                           "completions/mean_length": 6.0}, {"correct": (0.4, 0.49)}, 32, 12)
+    (found,) = result.findings()
+    assert found.verdict == "info" and "75%" in found.title and "num_generations" in found.fix
