@@ -231,6 +231,9 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
              ("prepared", "target", "configuration"), reports=("train.fsdp_units",)),
         Step("rl_rollout", "one generation batch scored by your reward functions (GRPO, RLOO)",
              f"{_TRAIN}.rl_rollout:rl_rollout_probe", ("configuration",), reports=("train.rl_rollout",)),
+        Step("reference_model", "the reference model against the policy (DPO, KTO, GRPO, RLOO, …)",
+             f"{_TRAIN}.reference_model:reference_model_probe", ("configuration",),
+             reports=("train.reference_model",)),
     )),
     NotebookSpec("10_serving", "10 · Train against serve: the adapter where it is served", "Serving", (
         _PREPARE,
@@ -830,6 +833,17 @@ CHECKS: tuple[Check, ...] = (
                   "max_completion_length",
           "skip": "not a GRPO or RLOO trainer (the callback's live trainer, or the one your set-up returns), or a "
                   "set-up's trainer whose accelerator state an earlier check reset (the callback runs it)"}),
+    _c("train.reference_model", "09_training_step",
+       "Does a trl trainer's reference model match its policy: dtype, device, the same model?",
+       "the trainer's `ref_model` against its policy (a PEFT policy's base): trl keeps none for a PEFT policy, "
+       "`precompute_ref_log_probs` or GRPO's `beta` 0, and otherwise builds it from the policy's path in the policy's "
+       "dtype (trl 1.16 dpo_trainer.py:908-927, grpo_trainer.py:984-1003); a `ref_model` you pass in another dtype, on "
+       "another device, or of another model type or size is a `warn` naming both sides (the memory from the "
+       "parameters)",
+       **{"pass": "the reference matches the policy",
+          "info": "no separate reference (adapters disabled, precomputed log-probabilities, beta 0)",
+          "warn": "another dtype, device or model than the policy",
+          "skip": "no trl trainer with a reference (the callback's live trainer, or the one your set-up returns)"}),
     _c("serve.adapter", "10_serving",
        "Will each serving engine load this adapter, and compute the update PEFT trained?",
        "per engine — vLLM, llama.cpp (GGUF), TGI/LoRAX, SGLang — from `adapter_config.json` and the adapter's tensors "

@@ -451,6 +451,7 @@ def test_the_live_callback_in_a_dpo_trainer_runs_its_preflight_and_reads_the_mar
     assert by_id["data.labels"]["verdict"] == "skip" and "chosen and rejected pairs" in by_id["data.labels"]["detail"]
     assert by_id["grad.flow"]["verdict"] in ("pass", "info")  # the pre-flight's step on the live policy
     assert by_id["train.rl_rollout"]["verdict"] == "skip"
+    assert by_id["train.reference_model"]["verdict"] == "info"  # a LoRA policy: its adapters disabled
     assert by_id["run.preference_signal"]["verdict"] == "pass"
 
 
@@ -463,3 +464,39 @@ def test_a_first_batch_whose_groups_mostly_agree_is_information():
                                            "completions/mean_length": 6.0}, {"correct": (0.4, 0.49)}, 32, 12)
     (found,) = result.findings()
     assert found.verdict == "info" and "75%" in found.title and "num_generations" in found.fix
+
+
+@pytest.mark.parametrize("case, verdict", [("lora", "info"), ("full", "pass"), ("bf16_reference", "warn"),
+                                           ("grpo_beta_zero", "info")])
+def test_the_reference_model_against_the_policy(tmp_path, case, verdict):
+    """A real DPOTrainer (or GRPOTrainer) as it stands before its first step, its reference read by the probe."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
+
+    from workbench.probes.train.configuration import TrainingConfiguration
+    from workbench.probes.train.reference_model import reference_model_probe
+
+    with trl_runs._one_thread():
+        base = trl_runs.base_model(tmp_path / "base")
+        if case == "grpo_beta_zero":
+            args = GRPOConfig(**trl_runs._common(tmp_path / "run", per_device_train_batch_size=8, num_generations=4,
+                                                 max_completion_length=8, max_steps=1))
+            trainer = GRPOTrainer(model=str(base), reward_funcs=trl_runs.brevity, args=args,
+                                  train_dataset=Dataset.from_list(trl_runs._prompts(8)))
+        else:
+            args = DPOConfig(**trl_runs._common(tmp_path / "run", per_device_train_batch_size=4, max_steps=1,
+                                                max_length=64))
+            reference = (AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+                         if case == "bf16_reference" else None)
+            trainer = DPOTrainer(model=str(base), ref_model=reference, args=args,
+                                 train_dataset=Dataset.from_list(trl_runs._pairs(8)),
+                                 processing_class=trl_runs.tokenizer(),
+                                 peft_config=trl_runs._lora() if case == "lora" else None)
+    (found,) = reference_model_probe(TrainingConfiguration("trainer", trainer.args, trainer)).findings()
+    assert found.verdict == verdict
+    if case == "bf16_reference":
+        assert "bfloat16, the policy float32" in found.title and "dtype=torch.float32" in found.fix
+    if case == "lora":
+        assert "adapters disabled" in found.title
