@@ -245,6 +245,11 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
         Step("serve_merge", "merge_and_unload() against the unmerged adapter", f"{_SERVE}.merge:serve_merge_probe",
              ("prepared", "target"), mutates=True, reports=("serve.merge",)),
     )),
+    NotebookSpec("11_memory_plan", "11 · Will it fit: the training step's memory, planned", "Memory plan", (
+        Step("memory_plan", "one training step on fake tensors at full size", "workbench.plan.probe:memory_plan_probe",
+             ("target",), reports=("plan.memory",),
+             live="the callback's run is already running: its memory is measured, not planned (workbench plan)"),
+    )),
 )
 
 
@@ -879,6 +884,17 @@ CHECKS: tuple[Check, ...] = (
           "warn": "beyond rounding, top-1 agreement ≥ 90 %",
           "fail": "top-1 agreement below 90 %",
           "skip": "no adapter"}),
+    _c("plan.memory", "11_memory_plan",
+       "Will one training step of this model under --training-args fit the GPU: the peak by category and phase?",
+       "`workbench plan` on the diagnosed checkpoint (its config.json; no weight read) with the run's "
+       "--training-args and set-up (`qlora`: the 4-bit base): two training steps of the model's own code, PEFT's own "
+       "wrapping, the optimizer the Trainer picks and the loss under autocast on fake tensors at full size "
+       "(torch's MemTracker), plus the lines fake tensors cannot see as cited data; judged against the GPU the "
+       "parameters name (`plan_gpu`, `plan_memory`), with the largest batch and sequence and each toggle's saving",
+       **{"pass": "fits the named GPU",
+          "info": "no GPU named: the planned peak and its breakdown",
+          "fail": "does not fit the named GPU (the toggles that make it fit named)",
+          "skip": "no --training-args"}),
 )
 
 

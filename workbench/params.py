@@ -33,7 +33,9 @@ SCHEMA: dict[str, type] = {"components": dict, "real_quant_max_bytes": int, "com
                            "data_samples": int, "max_length": int, "completion_only_loss": bool,
                            "assistant_only_loss": bool,
                            # notebook 10: the engines the adapter is served on (absent: every engine the rules know)
-                           "serve_engines": list}
+                           "serve_engines": list,
+                           # notebook 11 (--training-args): the GPU the plan is judged against, by name or size
+                           "plan_gpu": str, "plan_memory": str}
 
 
 def validate_params(data: Any, source: str = "parameters") -> dict[str, Any]:

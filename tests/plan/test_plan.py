@@ -210,3 +210,40 @@ def test_the_plan_is_within_ten_percent_of_a_real_trainer_step_with_glibc_thresh
     planned = plan_of(folder, peft=str(adapter), seq=256, batch=8, device="cpu")
     above = planned.peak_bytes - planned.weights_bytes
     assert abs(above - measured) <= 0.10 * measured, (above, measured)
+
+
+def _plan_target(tmp_path, params=None, training_args=True):
+    """A tiny Qwen2 checkpoint (the plan reads its config.json only) and a training-args file, opened as notebook
+    11 opens its target."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import workbench as wb
+
+    folder = tiny_qwen2(tmp_path / "ckpt")
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)  # a checkpoint
+    args = tmp_path / "args.yaml"
+    args.write_text("config_class: SFTConfig\nper_device_train_batch_size: 2\nmax_length: 64\n"
+                    "gradient_checkpointing: true\n")
+    return wb.open_notebook("11_memory_plan", checkpoint=str(folder), training_args=str(args) if training_args else "",
+                            params_json=json.dumps(params or {}))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params, verdict", [({}, "info"), ({"plan_gpu": "h100"}, "pass"),
+                                             ({"plan_memory": "2MiB"}, "fail")])
+def test_notebook_11_plans_the_checkpoint_under_its_training_args(tmp_path, params, verdict):
+    nb = _plan_target(tmp_path, params)
+    result = nb.run("memory_plan")
+    (found,) = [f for f in nb.recorder.findings if f.id == "plan.memory"]
+    assert found.verdict == verdict and "Planned peak" in found.title
+    assert found.evidence["peak_bytes"] == result.plan.peak_bytes and result.plan.step.timeline
+    if verdict == "fail":
+        assert found.fix and "2MiB" in found.title
+    assert "data:image/png;base64" in result.view().html()  # the stacked bar and the timeline
+
+
+def test_notebook_11_says_skip_without_training_args(tmp_path):
+    nb = _plan_target(tmp_path, training_args=False)
+    nb.run("memory_plan")
+    (found,) = [f for f in nb.recorder.findings if f.id == "plan.memory"]
+    assert found.verdict == "skip" and "--training-args" in found.title + found.detail

@@ -39,6 +39,9 @@ class StepMemory:
     seconds: float
     notes: list[str]
     allocator_peak_bytes: int | None = None  # the CPU's resident peak above the weights (glibc replay), device cpu
+    timeline: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (event, bytes held) over the steps
+    phase_ends: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # (phase, event where it ends)
+    timeline_layers: int | None = None  # a deep stack's timeline is its short copy's: its layer count
 
 
 def _meta_model(setup):
@@ -165,7 +168,8 @@ def fake_step(setup) -> StepMemory:
                       at_depth(ma.first_step_peak_bytes, mb.first_step_peak_bytes),
                       at_depth(ma.weights_bytes, mb.weights_bytes), mb.top_modules,
                       at_depth(ma.trainable_parameters, mb.trainable_parameters),
-                      at_depth(ma.parameters, mb.parameters), mb.optimizer, ma.seconds + mb.seconds, notes, None)
+                      at_depth(ma.parameters, mb.parameters), mb.optimizer, ma.seconds + mb.seconds, notes, None,
+                      mb.timeline, mb.phase_ends, b)
 
 
 def _fake_step(setup) -> StepMemory:
@@ -217,4 +221,4 @@ def _fake_step(setup) -> StepMemory:
         allocator = glibc_peak(tracker.trace)
     return StepMemory(breakdown["total"], breakdown, tracker.peak_phase or "", first, weights,
                       tracker.top_modules(), counts["trainable_parameters"], counts["parameters"], optimizer_name,
-                      time.monotonic() - start, notes, allocator)
+                      time.monotonic() - start, notes, allocator, tracker.timeline(), list(tracker.phase_ends))

@@ -34,6 +34,7 @@ class PeftMemTracker(MemTracker):
         # the allocation trace of what the step creates (weights and buffers excluded): (+bytes | -bytes, storage
         # key), in order; an allocator model replays it (cpu_allocator)
         self.trace: list[tuple[int, int]] = []
+        self.phase_ends: list[tuple[str, int]] = []  # (phase, trace length at its end): the timeline's marks
         self._stats_by_fqn: dict[str, Any] = {}
 
     def _update_peak_stats(self, peak_state) -> None:
@@ -91,8 +92,26 @@ class PeftMemTracker(MemTracker):
         return out
 
     def phase(self, name: str) -> None:
-        """Mark the end of a phase: the peak so far and its breakdown."""
+        """Mark the end of a phase: the peak so far and its breakdown, and where it ends in the trace."""
         self.phases.append((name, self.breakdown()["total"], self.breakdown()))
+        self.phase_ends.append((name, len(self.trace)))
+
+    def timeline(self, points: int = 1500) -> list[tuple[int, int]]:
+        """(trace event, bytes the step holds beyond weights and buffers) over the step, at most `points` of them
+        (each the largest of its stretch of events, so a peak is never skipped)."""
+        live: dict[int, int] = {}
+        total, series = 0, []
+        for size, key in self.trace:
+            if size >= 0:
+                live[key] = size
+                total += size
+            else:
+                total -= live.pop(key, 0)
+            series.append(total)
+        if len(series) <= points:
+            return list(enumerate(series))
+        stride = -(-len(series) // points)
+        return [(i, max(series[i:i + stride])) for i in range(0, len(series), stride)]
 
     @property
     def peak_phase(self) -> str | None:
