@@ -79,6 +79,7 @@ class NotebookSpec:
     panel: bool = True  # runs inside one process (the panel can run it); False: it launches its own processes
     trainer_output_only: bool = False  # runs only when the target is (or sits in) a Trainer output_dir; else skip
     needs_model: bool = True  # False: reads files alone (the run autopsy), so it runs when the model cannot be found
+    training_args_only: bool = False  # runs only with --training-args (the memory plan); else not executed: skip
 
     @property
     def checks(self) -> tuple[str, ...]:
@@ -249,7 +250,7 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
         Step("memory_plan", "one training step on fake tensors at full size", "workbench.plan.probe:memory_plan_probe",
              ("target",), reports=("plan.memory",),
              live="the callback's run is already running: its memory is measured, not planned (workbench plan)"),
-    )),
+    ), training_args_only=True),
 )
 
 

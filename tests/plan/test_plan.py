@@ -247,3 +247,31 @@ def test_notebook_11_says_skip_without_training_args(tmp_path):
     nb.run("memory_plan")
     (found,) = [f for f in nb.recorder.findings if f.id == "plan.memory"]
     assert found.verdict == "skip" and "--training-args" in found.title + found.detail
+
+
+@pytest.mark.slow
+def test_diagnose_with_training_args_runs_notebook_11_and_without_them_does_not(tmp_path):
+    """The real runner (papermill, a kernel): notebook 11 executed when --training-args is given (a budget from
+    --params that the plan exceeds: exit 1), not executed without (its check a skip naming the flag)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tiny_qwen2(tmp_path / "ckpt")
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+    args = tmp_path / "args.yaml"
+    args.write_text("config_class: SFTConfig\nper_device_train_batch_size: 2\nmax_length: 64\n")
+    params = tmp_path / "params.yaml"
+    params.write_text("plan_memory: 2MiB\n")
+
+    def diagnose(*extra):
+        reports = tmp_path / f"reports{len(extra)}"
+        proc = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(folder), "--notebooks", "11",
+                               "--reports-dir", str(reports), *extra], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=600)
+        report = json.loads(next(reports.rglob("findings.json")).read_text())
+        return proc.returncode, {f["id"]: f for f in report["findings"]}, report["notebooks"]
+
+    code, findings, notebooks = diagnose("--training-args", str(args), "--params", str(params))
+    assert code == 1 and findings["plan.memory"]["verdict"] == "fail"
+    assert [n["name"] for n in notebooks] == ["11_memory_plan"] and notebooks[0]["status"] == "ok"
+    code, findings, notebooks = diagnose()
+    assert code == 0 and findings["plan.memory"]["verdict"] == "skip" and notebooks == []

@@ -29,8 +29,9 @@ from workbench.model.target import QUANTS, Target, resolve_target
 from workbench.recorder import FindingsRecorder
 
 # One tick box and one tab per notebook that runs in one process (06 launches torchrun: `make diagnose` runs it).
-# Evaluation loads every recipe (and builds the demo's on first use): offered, not ticked by default.
-GROUPS = tuple(nb.group for nb in NOTEBOOKS if nb.panel and nb.name != "05_evaluation")
+# Evaluation loads every recipe (and builds the demo's on first use), the memory plan needs training arguments:
+# offered, not ticked by default.
+GROUPS = tuple(nb.group for nb in NOTEBOOKS if nb.panel and nb.name not in ("05_evaluation", "11_memory_plan"))
 MORE_GROUPS = tuple(nb.group for nb in NOTEBOOKS if nb.panel and nb.group not in GROUPS)
 TABS = (*GROUPS, *MORE_GROUPS, "Findings")
 

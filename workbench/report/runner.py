@@ -181,12 +181,15 @@ def collect_findings(folder: Path, notebook: Path, run: NotebookRun) -> list[Fin
 
 def not_applicable(notebooks: list[Path], target: Target) -> list[Path]:
     """The notebooks that do not apply to the target: those the catalog runs only on a Trainer output_dir when the
-    target is none, and those that need the model when it cannot be resolved."""
+    target is none, those it runs only with --training-args when there are none, and those that need the model
+    when it cannot be resolved."""
     from workbench.catalog import NOTEBOOKS
 
     run_only = {nb.name for nb in NOTEBOOKS if nb.trainer_output_only}
     files_only = {nb.name for nb in NOTEBOOKS if not nb.needs_model}
+    args_only = {nb.name for nb in NOTEBOOKS if nb.training_args_only}
     return [nb for nb in notebooks if (nb.stem in run_only and target.run is None)
+            or (nb.stem in args_only and not target.training_args)
             or (target.model_unavailable and nb.stem not in files_only)]
 
 
@@ -197,6 +200,14 @@ def skipped_findings(notebook: Path, target: Target) -> list[Finding]:
                         "loads the model; the run autopsy (08_training_run) reads the run's own files and ran.",
                         {"notebook_run": False, "base": target.base, "checkpoint": target.checkpoint},
                         target.base_fix, notebook.stem)
+                for check in declared_checks(notebook)]
+    from workbench.catalog import notebook as spec_of
+
+    if spec_of(notebook.stem).training_args_only and not target.training_args:
+        return [Finding(check, "skip", "no --training-args",
+                        f"{notebook.stem} plans the training step under the run's training arguments: pass "
+                        "--training-args FILE (TrainingArguments / SFTConfig fields)", {"notebook_run": False},
+                        "diagnose CKPT --training-args args.yaml, or `workbench plan CKPT` with flags.", notebook.stem)
                 for check in declared_checks(notebook)]
     return [Finding(check, "skip", "not a Trainer output directory",
                     f"{target.checkpoint} holds no trainer_state.json (at its root or in a checkpoint-N folder): "
