@@ -56,7 +56,10 @@ def test_notebook_08_is_skipped_without_running_on_a_checkpoint_that_is_no_run(p
     shutil.copytree(planted_runs.healthy / "checkpoint-10", tmp_path / "model", ignore=shutil.ignore_patterns("trainer_state.json"))
     plain, run = resolve_target(str(tmp_path / "model")), resolve_target(str(planted_runs.healthy))
     notebooks = find_notebooks(NOTEBOOK_DIR)
-    assert [nb.stem for nb in not_applicable(notebooks, plain)] == ["08_training_run"]
-    assert not_applicable(notebooks, run) == []
+    # neither has --training-args: notebook 11 (the memory plan) is not executed either
+    assert [nb.stem for nb in not_applicable(notebooks, plain)] == ["08_training_run", "11_memory_plan"]
+    assert [nb.stem for nb in not_applicable(notebooks, run)] == ["11_memory_plan"]
+    planned = skipped_findings(NOTEBOOK_DIR / "11_memory_plan.ipynb", plain)
+    assert [(f.id, f.verdict, f.title) for f in planned] == [("plan.memory", "skip", "no --training-args")]
     skipped = skipped_findings(NOTEBOOK_DIR / "08_training_run.ipynb", plain)
     assert {f.id for f in skipped} == set(notebook("08_training_run").checks) and {f.verdict for f in skipped} == {"skip"}
