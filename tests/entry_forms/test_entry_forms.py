@@ -132,11 +132,12 @@ KNOWN = {"t5": {"train.loss_accumulation": "T5 ignores num_items_in_batch: loss 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_data_and_training_args(family, artifacts_of):
     built = artifacts_of(family)
-    found = model_level_findings(built.checkpoint, notebooks=("07_data_path", "09_training_step"),
+    found = model_level_findings(built.checkpoint, notebooks=("07_data_path", "09_training_step", "11_memory_plan"),
                                  data=str(built.data), training_args=str(built.training_args))
     known = KNOWN.get(family, {})
     assert bad(found, known=known) == []
     found = by_id(found)
+    assert found["plan.memory"].verdict == "info"  # planned, no GPU named
     assert {found[c].verdict for c in ("data.labels", "data.eos", "data.truncation")} <= {"pass", "info"}
     assert found["train.fp16"].evidence is not None
     if "train.loss_accumulation" in known:
