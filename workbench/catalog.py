@@ -199,6 +199,8 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
              ("data_path", "data_stats"), reports=("data.template",)),
         Step("token_view", "token view", f"{_DATA}.token_view:token_view_probe", ("data_path", "data_stats"),
              live="a view of a few rows, shown in notebook 07"),
+        Step("preference_pairs", "preference pairs where the loss reads them (DPO)", f"{_DATA}.pairs:preference_pairs_probe",
+             ("target",), {"prepared": "prepared?"}, reports=("data.pairs",)),
     )),
     NotebookSpec("08_training_run", "08 · The training run: what the Trainer left behind", "Training run", (
         Step("run_dir", "the Trainer output_dir", f"{_RUN}.run_facts:run_directory"),
@@ -600,6 +602,18 @@ CHECKS: tuple[Check, ...] = (
           "warn": "render-then-encode differs, or special tokens in the text (rows named)",
           "fail": "batched rows start with BOS twice",
           "skip": "no --data"}),
+    _c("data.pairs", "07_data_path",
+       "In a preference run (trl's DPOTrainer), which pairs have chosen == rejected where the loss reads them — "
+       "identical rows, or rows that differ only past max_length?",
+       "the trainer's own tokenized `train_dataset` (`prompt_ids`, `chosen_ids`, `rejected_ids`) through its own "
+       "collator (`DataCollatorForPreference`: chosen rows, then rejected rows, truncated to `max_length` by "
+       "`truncation_mode`, `completion_mask` marking what survives; trl 1.16 dpo_trainer.py:147-200), at most 2,000 "
+       "pairs: a pair whose surviving completion tokens are equal has margin 0 at every step and trains nothing; "
+       "≥ 1 % of the pairs read: `fail` (data.labels' threshold), fewer: `warn`, rows named",
+       **{"pass": "every pair differs where the loss reads it",
+          "warn": "under 1 % of the pairs identical (rows named)",
+          "fail": "1 % of the pairs or more identical (rows named; those max_length cut away said)",
+          "skip": "no preference trainer (the callback's live DPOTrainer, or one your set-up returns)"}),
     _c("run.loss", "08_training_run",
        "What does the logged training loss say: a NaN hidden as 0.0, labels all masked, a logged NaN, a first loss "
        "inflated by gradient accumulation, a flat loss?",

@@ -452,6 +452,7 @@ def test_the_live_callback_in_a_dpo_trainer_runs_its_preflight_and_reads_the_mar
     assert by_id["grad.flow"]["verdict"] in ("pass", "info")  # the pre-flight's step on the live policy
     assert by_id["train.rl_rollout"]["verdict"] == "skip"
     assert by_id["train.reference_model"]["verdict"] == "info"  # a LoRA policy: its adapters disabled
+    assert by_id["data.pairs"]["verdict"] == "pass"
     assert by_id["run.preference_signal"]["verdict"] == "pass"
 
 
@@ -500,3 +501,53 @@ def test_the_reference_model_against_the_policy(tmp_path, case, verdict):
         assert "bfloat16, the policy float32" in found.title and "dtype=torch.float32" in found.fix
     if case == "lora":
         assert "adapters disabled" in found.title
+
+
+@pytest.mark.parametrize("rows", ["same", "truncated"])
+def test_the_callback_names_the_pairs_a_dpo_run_cannot_separate_before_its_first_step(tmp_path, rows):
+    """data.pairs in the live pre-flight: chosen == rejected rows, and rows that differ only past max_length=48,
+    found through the DPOTrainer's own collator before any step, rows named; raise_on="fail" stops the run."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    from workbench.integrations import WorkbenchCallback, WorkbenchStop
+
+    pairs = trl_runs._pairs(16, same=True) if rows == "same" else trl_runs.truncated_pairs(16)
+    callback = WorkbenchCallback(raise_on="fail")
+    with trl_runs._one_thread():
+        base = trl_runs.base_model(tmp_path / "base")
+        args = DPOConfig(**trl_runs._common(tmp_path / "run", per_device_train_batch_size=4, max_steps=2,
+                                            max_length=trl_runs.TRUNCATED_MAX_LENGTH, save_steps=100))
+        trainer = DPOTrainer(model=str(base), args=args, train_dataset=Dataset.from_list(pairs),
+                             processing_class=trl_runs.tokenizer(), peft_config=trl_runs._lora(), callbacks=[callback])
+        with pytest.raises(WorkbenchStop, match="data.pairs FAIL"):
+            trainer.train()
+    pairs_found = callback_findings(callback)["data.pairs"]
+    assert pairs_found["verdict"] == "fail" and pairs_found["title"].startswith("16 of 16 pairs")
+    assert pairs_found["evidence"]["identical_rows"][:3] == [0, 1, 2]
+    if rows == "truncated":  # the cause told apart: the rows differ, max_length made them equal
+        assert len(pairs_found["evidence"]["made_equal_by_truncation"]) == 16
+        assert pairs_found["fix"].startswith(f"Raise `max_length` (now {trl_runs.TRUNCATED_MAX_LENGTH})")
+    else:
+        assert pairs_found["evidence"]["made_equal_by_truncation"] == []
+        assert pairs_found["fix"].startswith("drop the rows whose chosen equals rejected")
+
+
+def test_a_few_identical_pairs_among_many_are_a_warning_naming_the_rows(tmp_path):
+    import types
+
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    from workbench.probes.data.pairs import preference_pairs_probe
+
+    pairs = trl_runs._pairs(150)
+    pairs[37] = {**pairs[37], "rejected": pairs[37]["chosen"]}  # one copy-paste slip in 150 rows
+    with trl_runs._one_thread():
+        base = trl_runs.base_model(tmp_path / "base")
+        args = DPOConfig(**trl_runs._common(tmp_path / "run", per_device_train_batch_size=4, max_steps=1,
+                                            max_length=64))
+        trainer = DPOTrainer(model=str(base), args=args, train_dataset=Dataset.from_list(pairs),
+                             processing_class=trl_runs.tokenizer(), peft_config=trl_runs._lora())
+    (found,) = preference_pairs_probe(None, types.SimpleNamespace(trainer=trainer)).findings()
+    assert found.verdict == "warn" and found.evidence["identical_rows"] == [37]
