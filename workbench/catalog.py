@@ -51,7 +51,8 @@ class Step:
     """One probe call of a notebook. Its inputs name the target, earlier steps, or the notebook's options.
 
     Input names: `target`; an earlier step's name (a step that could not run makes this one an `error`); the same
-    with a trailing `?` (optional: None when that step did not run or could not run); `params.KEY` (the --params
+    with a trailing `?` (optional: None when that step did not run or could not run; `prepared?` also in a notebook
+    without the prepare step: the shared model a driver seeds, the callback's live one); `params.KEY` (the --params
     file's value, None when absent); `option.NAME` (a notebook parameter such as `distributed`).
     """
 
