@@ -225,7 +225,7 @@ def _plan_target(tmp_path, params=None, training_args=True):
     args.write_text("config_class: SFTConfig\nper_device_train_batch_size: 2\nmax_length: 64\n"
                     "gradient_checkpointing: true\n")
     return wb.open_notebook("11_memory_plan", checkpoint=str(folder), training_args=str(args) if training_args else "",
-                            params_json=json.dumps(params or {}))
+                            params_json=json.dumps(params or {}), findings_path=str(tmp_path / "findings.json"))
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ SFT_CAUSES = ("-100", "labels", "reentrant", "ln(", "use_reentrant", "enable_inp
 
 def notebook_08(output_dir):
     """Every step of notebook 08 through the notebook contract (recorder, one answer per check)."""
-    nb = wb.open_notebook("08_training_run", checkpoint=str(output_dir))
+    nb = wb.open_notebook("08_training_run", checkpoint=str(output_dir),  # the sidecar beside the run, in tmp
+                          findings_path=str(output_dir.parent / "findings.08_training_run.json"))
     results = {step: nb.run(step) for step in STEPS}
     return results, {f.id: f for f in nb.recorder.findings}
 
