@@ -910,7 +910,8 @@ CHECKS: tuple[Check, ...] = (
        **{"pass": "fits the named GPU",
           "info": "no GPU named: the planned peak and its breakdown",
           "fail": "does not fit the named GPU (the toggles that make it fit named)",
-          "skip": "no --training-args"}),
+          "skip": "no --training-args, or a model the planner cannot step (its batch is no token ids with labels: "
+                  "speech, a bare encoder; an operator whose output shape depends on values, as DeBERTa-v2's)"}),
 )
 
 

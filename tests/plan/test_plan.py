@@ -275,3 +275,54 @@ def test_diagnose_with_training_args_runs_notebook_11_and_without_them_does_not(
     assert [n["name"] for n in notebooks] == ["11_memory_plan"] and notebooks[0]["status"] == "ok"
     code, findings, notebooks = diagnose()
     assert code == 0 and findings["plan.memory"]["verdict"] == "skip" and notebooks == []
+
+
+def _census_checkpoint(model_type, parent):
+    from workbench.architectures.checkpoints import build_tiny_checkpoint
+    from workbench.architectures.model_types import architectures
+
+    return build_tiny_checkpoint(next(a for a in architectures() if a.model_type == model_type), parent)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type, verdict, why", [
+    ("llama", "info", None),  # tied embeddings off, a causal LM
+    ("gemma", "info", None),  # tied embeddings
+    ("qwen2_vl", "info", None),  # a VLM saved without a processor: text rows
+    ("bert", "info", None),  # an encoder with a sequence-classification head: one label a row, 512 positions
+    ("t5", "info", None),  # an encoder-decoder with relative positions
+    ("encoder-decoder", "info", None),  # positions from its encoder's and decoder's configs
+    ("qwen3_moe", "info", None),  # MoE
+    ("whisper", "skip", "trains on `input_features`"),  # speech
+    ("deberta-v2", "skip", "aten.nonzero"),  # a value-dependent operator fake tensors cannot run
+])
+def test_notebook_11_plans_the_census_families_or_says_why_not(tmp_path, model_type, verdict, why):
+    """Healthy tiny checkpoints of the census with the default sequence: planned (its length capped at the model's
+    positions), or a skip naming why the planner cannot step them — never an error on a healthy model."""
+    import workbench as wb
+
+    folder = _census_checkpoint(model_type, tmp_path / "tiny")
+    args = tmp_path / "args.yaml"
+    args.write_text("per_device_train_batch_size: 2\n")
+    nb = wb.open_notebook("11_memory_plan", checkpoint=str(folder), training_args=str(args),
+                          findings_path=str(tmp_path / "findings.json"))
+    nb.run("memory_plan")
+    (found,) = [f for f in nb.recorder.findings if f.id == "plan.memory"]
+    assert found.verdict == verdict, (found.title, found.detail[:300])
+    if why:
+        assert why in found.detail
+    else:
+        assert found.evidence["peak_bytes"] > found.evidence["weights_bytes"]
+
+
+@pytest.mark.slow
+def test_a_sequence_past_the_models_positions_and_a_model_it_cannot_step_are_one_line_and_exit_2(tmp_path):
+    folder = tiny_qwen2(tmp_path / "m", max_position_embeddings=256)
+    result = bad(folder, "--seq", "512")
+    assert result.returncode == 2 and "exceeds the model's position limit 256" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    from transformers import WhisperConfig
+
+    WhisperConfig(architectures=["WhisperForConditionalGeneration"]).save_pretrained(tmp_path / "speech")
+    result = bad(tmp_path / "speech")
+    assert result.returncode == 2 and "trains on `input_features`" in result.stderr

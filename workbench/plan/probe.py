@@ -90,18 +90,23 @@ class MemoryPlanResult(ProbeResult):
 def memory_plan_probe(target) -> MemoryPlanResult:
     """The plan of the target's training step under its --training-args (NotApplicable without them)."""
     from workbench.plan.planner import gpu_bytes, make_plan, parse_bytes
-    from workbench.plan.setup import plan_setup
+    from workbench.plan.setup import NotPlannable, plan_setup
 
     training_args = getattr(target, "training_args", None)
     if not training_args:
         raise NotApplicable("no --training-args: the plan needs the run's batch, sequence length, checkpointing and "
                             "optimizer (`workbench plan CKPT` plans with flags)", "no --training-args")
     params = getattr(target, "params", None) or {}
-    # a GPU name or size the planner does not know is the user's input at fault: its UsageError is the check's error
-    setup = plan_setup(str(target.adapter_dir or target.model_dir), training_args=training_args,
-                       setup="qlora" if target.setup == "qlora" else "plain",
-                       base=str(target.model_dir) if target.adapter_dir else None)
+    # a model the planner cannot step (speech, a bare encoder) is a skip; a GPU name or size it does not know, or a
+    # max_length past the model's positions, is the user's input at fault: its UsageError is the check's error
     name, memory = params.get("plan_gpu"), params.get("plan_memory")
     budget = gpu_bytes(str(name)) if name else parse_bytes(str(memory)) if memory else None
-    return MemoryPlanResult(make_plan(setup, budget_bytes=budget, budget_name=str(name) if name else
-                                      (str(memory) if memory else None), explore=budget is not None))
+    try:
+        setup = plan_setup(str(target.adapter_dir or target.model_dir), training_args=training_args,
+                           setup="qlora" if target.setup == "qlora" else "plain",
+                           base=str(target.model_dir) if target.adapter_dir else None)
+        plan = make_plan(setup, budget_bytes=budget, budget_name=str(name) if name else
+                         (str(memory) if memory else None), explore=budget is not None)
+    except NotPlannable as exc:
+        raise NotApplicable(str(exc), "not a model the planner steps") from None
+    return MemoryPlanResult(plan)

@@ -16,7 +16,48 @@ from typing import Any
 from workbench.errors import UsageError
 
 SETUPS = ("plain", "qlora")
-DEFAULT_SEQ = 1024  # when neither --seq nor the training arguments' max_length / max_seq_length say
+DEFAULT_SEQ = 1024  # when neither --seq nor the training arguments' max_length / max_seq_length say; at most the
+#                     model's position limit
+POSITION_LIMITS = ("max_position_embeddings", "n_positions", "max_target_positions")
+
+
+class NotPlannable(UsageError):
+    """The model is not one the planner can step: its training batch is no `input_ids` + `labels`, or its class
+    computes no loss from labels. One line, exit 2, from `workbench plan`; a `skip` in notebook 11."""
+
+
+def position_limit(config) -> int | None:
+    """The longest sequence the model's positions allow (a VLM's text config's; the shorter of an encoder-decoder's
+    two); None for relative positions."""
+    limits = []
+    for source in (config, *(getattr(config, k, None) for k in ("text_config", "encoder", "decoder"))):
+        value = next((getattr(source, name) for name in POSITION_LIMITS
+                      if isinstance(getattr(source, name, None), int) and getattr(source, name) > 0), None)
+        if value is not None:
+            if source is config:
+                return value
+            limits.append(value)
+    return min(limits) if limits else None
+
+
+def plannable_class(config):
+    """The class the planner builds (config.json's `architectures`, else the causal LM class), refused with
+    NotPlannable when its batch is not text ids with labels."""
+    import inspect
+
+    import transformers
+
+    names = list(getattr(config, "architectures", None) or [])
+    model_class = next((getattr(transformers, n) for n in names if hasattr(transformers, n)), None)
+    if model_class is None:
+        return None
+    if getattr(model_class, "main_input_name", "input_ids") != "input_ids":
+        raise NotPlannable(f"{model_class.__name__} trains on `{model_class.main_input_name}`, not token ids: the "
+                           "planner builds text batches (input_ids, labels)")
+    if "labels" not in inspect.signature(model_class.forward).parameters:
+        raise NotPlannable(f"{model_class.__name__} computes no loss from labels (a bare encoder or backbone): "
+                           "there is no training step to plan")
+    return model_class
 
 
 @dataclasses.dataclass
@@ -112,12 +153,19 @@ def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str |
     elif adapter_dir is not None:
         peft_fields, peft_source = read_peft(str(adapter_dir)), str(adapter_dir)
     args, args_source = _arguments(training_args, {"per_device_train_batch_size": batch})
+    plannable_class(config)
+    limit = position_limit(config)
     if seq is None:
         seq = next((getattr(args, k) for k in ("max_length", "max_seq_length") if getattr(args, k, None)), None)
         seq_source = "the training arguments" if seq else f"the default ({DEFAULT_SEQ}; pass --seq)"
+        if not seq and limit and limit < DEFAULT_SEQ:
+            seq, seq_source = limit, f"the model's position limit ({limit}; pass --seq)"
         seq = seq or DEFAULT_SEQ
     else:
         seq_source = "--seq"
+    if limit and seq > limit:
+        raise UsageError(f"a sequence of {seq} ({seq_source}) exceeds the model's position limit {limit} "
+                         f"({type(config).__name__}): use a max_length of at most {limit}")
     if dtype == "auto":
         load = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32"
         load_dtype = getattr(torch, load) if isinstance(load, str) else load

@@ -46,12 +46,12 @@ class StepMemory:
 
 def _meta_model(setup):
     """The model on the meta device, wrapped as the set-up wraps it."""
-    import transformers
     from transformers import AutoModelForCausalLM
 
+    from workbench.plan.setup import plannable_class
+
     config = setup.config
-    names = list(getattr(config, "architectures", None) or [])
-    model_class = next((getattr(transformers, n) for n in names if hasattr(transformers, n)), None)
+    model_class = plannable_class(config)
     notes: list[str] = []
     with torch.device("meta"):
         if model_class is not None:
@@ -111,10 +111,21 @@ def _inputs(setup, device: str) -> dict[str, torch.Tensor]:
     skip it."""
     shape = (setup.batch, setup.seq)
     ids = torch.zeros(shape, dtype=torch.long, device=device)
-    batch = {"input_ids": ids, "labels": torch.zeros(shape, dtype=torch.long, device=device)}
+    batch = {"input_ids": ids, "labels": torch.zeros(_label_shape(setup), dtype=torch.long, device=device)}
     if not setup.packed:
         batch["attention_mask"] = torch.ones(shape, dtype=torch.long, device=device)
     return batch
+
+
+def _label_shape(setup) -> tuple[int, ...]:
+    """A sequence classifier's labels are one class a row (transformers' sequence-classification mapping names the
+    class); every other head's are a label a token."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    names = set(getattr(setup.config, "architectures", None) or [])
+    if names & set(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.values()):
+        return (setup.batch,)
+    return (setup.batch, setup.seq)
 
 
 LAYER_COUNT = "num_hidden_layers"
@@ -148,14 +159,14 @@ def fake_step(setup) -> StepMemory:
     so a CPU plan runs every layer."""
     depth = uniform_depth(setup.config) if setup.device == "cuda" else None
     if depth is None:
-        return _fake_step(setup)
+        return _stepped(setup)
     import copy
 
     short = []
     for layers in SHORT_STACKS:
         config = copy.deepcopy(setup.config)
         setattr(config, LAYER_COUNT, layers)
-        short.append(_fake_step(setup.replace(config=config)))
+        short.append(_stepped(setup.replace(config=config)))
     (a, b), (ma, mb) = SHORT_STACKS, short
 
     def at_depth(x: float, y: float) -> int:
@@ -170,6 +181,22 @@ def fake_step(setup) -> StepMemory:
                       at_depth(ma.trainable_parameters, mb.trainable_parameters),
                       at_depth(ma.parameters, mb.parameters), mb.optimizer, ma.seconds + mb.seconds, notes, None,
                       mb.timeline, mb.phase_ends, b)
+
+
+def _stepped(setup) -> StepMemory:
+    """_fake_step, with an operator whose output shape depends on the tensors' values (DeBERTa-v2's
+    `nonzero` in its relative positions) refused as NotPlannable: fake tensors hold no values to decide it."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    from workbench.plan.setup import NotPlannable
+
+    try:
+        return _fake_step(setup)
+    except (DynamicOutputShapeException, DataDependentOutputException) as exc:
+        name = (getattr(setup.config, "architectures", None) or [type(setup.config).__name__])[0]
+        raise NotPlannable(f"{name}'s code runs {exc.func if hasattr(exc, 'func') else exc}, "
+                           "an operator whose output shape depends on the tensors' values: fake tensors hold none, "
+                           "so its step cannot be planned") from None
 
 
 def _fake_step(setup) -> StepMemory:

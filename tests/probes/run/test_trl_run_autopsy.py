@@ -178,28 +178,37 @@ def test_tensorboard_events_past_the_last_save_are_read(tmp_path):
 
 
 # ------------------------------------------------- the rarer verdicts: real trl logs with one column planted
-def planted(output_dir, tmp_path, edit, *, eval_rows=()):
+def planted(output_dir, tmp_path, edit=None, *, eval_rows=(), keep=None):
     """A copy of a real trl run whose trainer_state.json has `edit(step_index, entry)` applied to every train
-    entry (and `eval_rows` appended): the run's own files, trainer and keys, with one signal changed."""
+    entry, `eval_rows` appended, and only its first `keep` train entries when given: the run's own files, trainer
+    and keys, with one signal changed."""
     copy = shutil.copytree(output_dir, tmp_path / "run")
     for state_path in [copy / "trainer_state.json", *copy.glob("checkpoint-*/trainer_state.json")]:
         state = json.loads(state_path.read_text())
         train = [e for e in state["log_history"] if "loss" in e]
         for i, entry in enumerate(train):
-            edit(i, entry)
+            if edit is not None:
+                edit(i, entry)
+        if keep is not None:
+            state.update(log_history=train[:keep], global_step=keep, max_steps=keep)
         state["log_history"] += [dict(row) for row in eval_rows]
         state_path.write_text(json.dumps(state))
     return copy
 
 
-def signals_of(output_dir):
+def signals_of(output_dir, kind=None):
+    """Notebook 08's log and signals steps on a run, the trainer `kind` forced when given: {check: finding}."""
+    import dataclasses
+
     from workbench.model.target import resolve_target
     from workbench.probes.run.log_probe import training_log_probe
     from workbench.probes.run.trl_signals import run_signals_probe
 
     target = resolve_target(str(output_dir))
-    result = run_signals_probe(training_log_probe(target.run.run_dir, target))
-    return {f.id: f for f in result.findings()}
+    logged = training_log_probe(target.run.run_dir, target)
+    if kind is not None:
+        logged = dataclasses.replace(logged, facts=dataclasses.replace(logged.facts, kind=kind))
+    return {f.id: f for f in logged.findings() + run_signals_probe(logged).findings()}
 
 
 @pytest.mark.parametrize("share, verdict", [(0.6, "info"), (0.95, "warn")])
@@ -243,20 +252,11 @@ def test_entropy_collapse(trl_runs_built, tmp_path, reward_rises, verdict):
     assert found.verdict == verdict and "Entropy collapsed" in found.title and "entropy_coef" in found.fix
 
 
-def test_beta_zero_is_named_as_the_cause_of_zero_margins(trl_runs_built, tmp_path):
+def test_beta_zero_is_named_as_the_cause_of_zero_margins(trl_runs_built):
     from workbench.probes.run.run_kind import RunKind
 
-    facts_kind = RunKind("preference", ("dpo",), "planted", {"beta": 0.0}, "training_args.bin")
-    from workbench.model.target import resolve_target
-    from workbench.probes.run.log_probe import training_log_probe
-    from workbench.probes.run.preference_signals import judge_preference
-
-    target = resolve_target(str(trl_runs_built["dpo_no_signal"]))
-    log_result = training_log_probe(target.run.run_dir, target)
-    import dataclasses
-
-    facts = dataclasses.replace(log_result.facts, kind=facts_kind)
-    found = {f.id: f for f in judge_preference(log_result.log, facts)[0]}["run.preference_signal"]
+    beta_zero = RunKind("preference", ("dpo",), "planted", {"beta": 0.0}, "training_args.bin")
+    found = signals_of(trl_runs_built["dpo_no_signal"], kind=beta_zero)["run.preference_signal"]
     assert found.verdict == "fail" and "beta is 0" in found.title and "`beta` > 0" in found.fix
 
 
@@ -344,63 +344,33 @@ def test_an_older_longer_tensorboard_launch_into_the_same_folder_is_not_this_run
     assert tensorboard_state(run, max_steps=5) is None  # events past the recorded max_steps: another run's
 
 
-def _judged_as(output_dir, kind=None, edit=None, tmp_path=None, keep=None):
-    """notebook 08's log and signals steps on a real run (optionally a copy with `edit` applied and only the first
-    `keep` train entries), with the trainer `kind` forced when given."""
-    import dataclasses
-
-    from workbench.model.target import resolve_target
-    from workbench.probes.run.log_probe import training_log_probe
-    from workbench.probes.run.trl_signals import run_signals_probe
-
-    if edit is not None or keep is not None:
-        def cut(i, entry):
-            if edit is not None:
-                edit(i, entry)
-        output_dir = planted(output_dir, tmp_path, cut)
-        if keep is not None:
-            for path in [output_dir / "trainer_state.json", *output_dir.glob("checkpoint-*/trainer_state.json")]:
-                state = json.loads(path.read_text())
-                train = [e for e in state["log_history"] if "loss" in e][:keep]
-                state.update(log_history=train, global_step=keep, max_steps=keep)
-                path.write_text(json.dumps(state))
-    target = resolve_target(str(output_dir))
-    logged = training_log_probe(target.run.run_dir, target)
-    if kind is not None:
-        logged = dataclasses.replace(logged, facts=dataclasses.replace(logged.facts, kind=kind))
-        logged.__dict__.pop("_findings_cache", None)
-    signals = run_signals_probe(logged)
-    return {f.id: f for f in logged.findings() + signals.findings()}
-
-
 def test_one_or_two_logged_steps_are_too_short_to_fail(trl_runs_built, tmp_path):
-    found = _judged_as(trl_runs_built["dpo_no_signal"], tmp_path=tmp_path, keep=2)
+    found = signals_of(planted(trl_runs_built["dpo_no_signal"], tmp_path, keep=2))
     assert found["run.preference_signal"].verdict == "skip"
 
 
-def test_margins_zero_over_pairs_that_differ_is_an_update_that_never_landed(trl_runs_built, tmp_path):
+@pytest.mark.parametrize("run, column, check, verdict, evidence, fix_has, never", [
+    # margins 0 over pairs that differ (their log-probabilities do): the policy never left the reference
+    ("dpo_healthy", "rewards/margins", "run.preference_signal", "fail", ("cause", "no update"), "is_trainable=True",
+     "chosen == rejected"),
+    # zero gradients of identical pairs: explained by the pairs, not by checkpointing
+    ("dpo_no_signal", "grad_norm", "run.gradients", "warn", ("explained_by", "run.preference_signal"),
+     "run.preference_signal", "reentrant"),
+])
+def test_the_cause_of_a_zero_told_apart(trl_runs_built, tmp_path, run, column, check, verdict, evidence, fix_has,
+                                        never):
     def edit(i, entry):
-        entry["rewards/margins"] = 0.0
-    found = _judged_as(trl_runs_built["dpo_healthy"], edit=edit, tmp_path=tmp_path)
-    signal = found["run.preference_signal"]
-    assert signal.verdict == "fail" and signal.evidence["cause"] == "no update"
-    assert "chosen == rejected" not in signal.fix and "is_trainable=True" in signal.fix
-
-
-def test_zero_gradients_of_identical_pairs_are_explained_by_the_pairs_not_by_checkpointing(trl_runs_built, tmp_path):
-    def edit(i, entry):
-        entry["grad_norm"] = 0.0
-    found = _judged_as(trl_runs_built["dpo_no_signal"], edit=edit, tmp_path=tmp_path)
-    gradients = found["run.gradients"]
-    assert gradients.verdict == "warn" and gradients.evidence["explained_by"] == "run.preference_signal"
-    assert "reentrant" not in gradients.detail + gradients.fix
+        entry[column] = 0.0
+    found = signals_of(planted(trl_runs_built[run], tmp_path, edit))[check]
+    assert found.verdict == verdict and found.evidence[evidence[0]] == evidence[1]
+    assert fix_has in found.fix and never not in found.detail + found.fix
 
 
 def test_an_rloo_run_with_a_kl_penalty_is_not_judged_on_its_penalised_variance(trl_runs_built):
     from workbench.probes.run.run_kind import RunKind
 
     rloo = RunKind("online_rl", ("rloo",), "forced", {"beta": 0.05}, "training_args.bin")
-    found = _judged_as(trl_runs_built["grpo_healthy"], kind=rloo)
+    found = signals_of(trl_runs_built["grpo_healthy"], kind=rloo)
     assert found["run.reward_variance"].verdict == "skip" and "KL" in found["run.reward_variance"].title
 
 

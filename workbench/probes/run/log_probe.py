@@ -60,10 +60,11 @@ class TrainingLogResult(ProbeResult):
                        Table(None, self.summary(), row_headers=True, left=True))
 
 
-def judge_run(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], list[Mark]]:
+def judge_run(log: TrainingLog, facts: RunFacts, judges=JUDGES) -> tuple[list[Finding], list[Mark]]:
+    """Every judge on the log, each check's findings combined into its one answer, and the marks they make."""
     findings: list[Finding] = []
     marks: list[Mark] = []
-    for judge in JUDGES:
+    for judge in judges:
         found, marked = judge(log, facts)
         findings += found
         marks += marked

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from workbench.display.result import ProbeResult
-from workbench.findings import Finding
-from workbench.probes.run.log_probe import TrainingLogResult
+from workbench.probes.run.log_probe import TrainingLogResult, judge_run
 from workbench.probes.run.online_rl_signals import judge_online_rl
 from workbench.probes.run.preference_signals import judge_preference
 from workbench.probes.run.reward_model_signals import judge_reward_model
 from workbench.probes.run.run_kind import RunKind
 from workbench.probes.run.series import series
-from workbench.probes.run.trainer_state import Mark
 
 JUDGES = (judge_preference, judge_online_rl, judge_reward_model)
 # the signals drawn per family, in this order
@@ -24,17 +21,15 @@ CURVES = {"preference": ("rewards/margins", "rewards/accuracies", "rewards/chose
 
 
 @dataclasses.dataclass(repr=False)
-class RunSignalsResult(ProbeResult):
-    kind: RunKind
-    log_result: TrainingLogResult
-    judged: list[Finding]
-    marks: list[Mark]
+class RunSignalsResult(TrainingLogResult):
+    """The log step's result shape (facts, log, judged, marks), judged by the trainer's own signals."""
 
-    def findings(self) -> list[Finding]:
-        return list(self.judged)
+    @property
+    def kind(self) -> RunKind:
+        return self.facts.kind
 
     def summary(self) -> list[list[str]]:
-        kind, log = self.kind, self.log_result.log
+        kind, log = self.kind, self.log
         rows = [["trainer", kind.name], ["recognised by", kind.evidence]]
         for key in CURVES.get(kind.family, ()):
             found = series(log, key)
@@ -49,7 +44,7 @@ class RunSignalsResult(ProbeResult):
         from workbench.display.findings_view import figure
         from workbench.display.nodes import Display, Table
 
-        keys = [k for k in CURVES.get(self.kind.family, ()) if series(self.log_result.log, k) is not None]
+        keys = [k for k in CURVES.get(self.kind.family, ()) if series(self.log, k) is not None]
         plot = figure(lambda: self.plot(keys), f"{', '.join(keys)} against step") if keys else None
         return Display(plot, Table(None, self.summary(), row_headers=True, left=True))
 
@@ -61,7 +56,7 @@ class RunSignalsResult(ProbeResult):
         fig = Figure(figsize=(3.2 * len(keys), 2.6))
         axes = fig.subplots(1, len(keys), squeeze=False)
         for ax, key in zip(axes[0], keys):
-            found = series(self.log_result.log, key)
+            found = series(self.log, key)
             ax.plot(found.steps, found.values, lw=1.2)
             for mark in (m for m in self.marks if m.series == key):
                 at = np.isin(found.steps, mark.steps)
@@ -76,11 +71,5 @@ class RunSignalsResult(ProbeResult):
 def run_signals_probe(training_log: TrainingLogResult) -> RunSignalsResult:
     """Judge the run by its trainer's own signals (the trainer recognised by the `training_log` step)."""
     facts, log = training_log.facts, training_log.log
-    findings: list[Finding] = []
-    marks: list[Mark] = []
-    for judge in JUDGES:
-        found, marked = judge(log, facts)
-        findings += found
-        marks += marked
-    return RunSignalsResult(facts.kind, training_log, findings, marks)
+    return RunSignalsResult(facts, log, *judge_run(log, facts, JUDGES))
 
