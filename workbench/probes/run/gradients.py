@@ -100,7 +100,10 @@ def judge_gradients(log: TrainingLog, facts: RunFacts) -> tuple[list[Finding], l
     judged = logged & supervised
     if not judged.any():
         return [Finding(CHECK, "skip", "No step with a non-zero loss to judge the gradients by",
-                        "Every logged loss is 0.0 or non-finite: run.loss says why.", evidence)], marks
+                        "Every logged loss is 0.0 or non-finite: "
+                        + ("run.loss says why." if facts.kind.is_sft else
+                           f"a {facts.kind.name} loss of 0.0 is read by the run's own signals (run_signals: "
+                           "run.reward_variance, run.preference_signal)."), evidence)], marks
     if not findings:
         aside = int((logged & ~supervised).sum())
         findings.append(Finding(CHECK, "pass", f"grad_norm finite and non-zero at the {int(judged.sum())} logged "

@@ -45,8 +45,10 @@ class TrainingLogResult(ProbeResult):
         for key in sorted(facts.configuration.values):
             rows.append([key, facts.configuration.cite(key)])
         if facts.training_args_unread is not None:
+            read = (f"; its class and plain fields read from its opcodes for the {facts.kind.name} checks"
+                    if facts.kind.args else "")
             rows.append(["training_args.bin", f"{facts.name(facts.training_args_unread)} not unpickled (pass "
-                                              "--allow-pickle to read it)"])
+                                              f"--allow-pickle to read it whole){read}"])
         return rows
 
     def details(self):
