@@ -20,6 +20,7 @@ import torch
 from workbench.model.setups import lora_config_for
 from workbench.plan.cpu_allocator import glibc_peak
 from workbench.plan.fake_model import describe_trainable, on_fake_storage, output_head_names, quantize_4bit
+from workbench.plan.setup import NotPlannable, plannable_class
 from workbench.plan.tracker import PeftMemTracker
 
 STEPS = 2
@@ -47,8 +48,6 @@ class StepMemory:
 def _meta_model(setup):
     """The model on the meta device, wrapped as the set-up wraps it."""
     from transformers import AutoModelForCausalLM
-
-    from workbench.plan.setup import plannable_class
 
     config = setup.config
     model_class = plannable_class(config)
@@ -187,8 +186,6 @@ def _stepped(setup) -> StepMemory:
     """_fake_step, with an operator whose output shape depends on the tensors' values (DeBERTa-v2's
     `nonzero` in its relative positions) refused as NotPlannable: fake tensors hold no values to decide it."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-
-    from workbench.plan.setup import NotPlannable
 
     try:
         return _fake_step(setup)
