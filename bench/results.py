@@ -12,7 +12,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from workbench.report.environment import library_versions
+from workbench.environment import library_versions
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 HEADER = ("# Benchmarks\n\nWritten by `make bench` (`bench/run.py`); each section is replaced when its mode runs "

@@ -45,11 +45,28 @@ def test_bad_input_exits_2_with_one_line(args, message):
     assert "Traceback" not in result.stderr + result.stdout
 
 
-def test_setup_that_does_not_import_exits_2(demo, tmp_path):
-    result = workbench("diagnose", demo.llama, "--setup", "no_such_module:load", "--reports-dir", tmp_path)
-    assert result.returncode == 2
-    assert "cannot import no_such_module" in result.stderr
-    assert "Traceback" not in result.stderr
+def workbench_in_process(*args, cwd=None):
+    """The CLI as `python -m workbench` runs it; its last stdout line says whether this process imported torch."""
+    code = ("import sys\nfrom workbench.cli import main\nrc = main(sys.argv[1:])\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\nsys.exit(rc)")
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=600, stdin=subprocess.DEVNULL)
+
+
+def test_the_set_up_and_the_architecture_are_checked_in_the_kernel_and_refused_with_exit_2(demo, copy_of, edit_json,
+                                                                                           tmp_path):
+    """What only torch and transformers can tell (a --setup that does not import, a model_type transformers does not
+    know) is asked of the diagnosis' kernel: the same one line and exit 2, and the CLI's process imports neither."""
+    result = workbench_in_process("diagnose", demo.llama, "--setup", "no_such_module:load", "--reports-dir", tmp_path)
+    assert result.returncode == 2 and result.stdout.split()[-1] == "NO-TORCH", result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "cannot import no_such_module" in \
+        result.stderr and "Traceback" not in result.stderr
+    unknown = copy_of(demo.llama)
+    edit_json(unknown / "config.json", model_type="acme_lm")
+    result = workbench_in_process("diagnose", unknown, "--reports-dir", tmp_path)
+    assert result.returncode == 2 and result.stdout.split()[-1] == "NO-TORCH", result.stderr
+    assert "model_type 'acme_lm' is unknown to transformers" in result.stderr and "Traceback" not in result.stderr
+
 
 
 def test_unusable_reports_dir_exits_2(demo, tmp_path):

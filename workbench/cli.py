@@ -266,7 +266,12 @@ def cmd_diagnose(args) -> int:
     local = not args.checkpoint or Path(args.checkpoint).expanduser().is_dir()
     kernel = start_kernel(only=args.notebooks) if jobs == 1 and local else None
     try:
-        target = _diagnosis_target(args)
+        # with a kernel, the checks that need torch and transformers run there (`Kernel.check_target`)
+        target = _diagnosis_target(args, headers_only=kernel is not None)
+        if kernel is not None and not target.model_unavailable and not kernel.check_target(target):
+            from workbench.model.target import check_with_the_stack
+
+            check_with_the_stack(target.setup, target.model_dir, target.trust_remote_code)
     except BaseException:
         if kernel is not None:
             kernel.close()
@@ -284,8 +289,9 @@ def cmd_diagnose(args) -> int:
     return exit_code(findings)
 
 
-def _diagnosis_target(args):
-    """The target `diagnose` was asked for: the demo when no CKPT (built on first use), the recipes file read."""
+def _diagnosis_target(args, headers_only: bool = False):
+    """The target `diagnose` was asked for: the demo when no CKPT (built on first use), the recipes file read.
+    `headers_only`: the set-up and the architecture are checked by the caller (`check_with_the_stack`)."""
     from workbench.model.target import resolve_target
     from workbench.notebook import with_demo_fallback
     from workbench.params import load_params
@@ -297,7 +303,7 @@ def _diagnosis_target(args):
 
         print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({options['checkpoint']})")
         if not demo_recipes_ready():
-            print("notebook 05 first trains the demo's recipes (once, about 2.5 min on 2 cores)")
+            print("notebook 05 first trains the demo's recipes (once, about 1.5 min on 2 cores)")
     params = json.loads(options["params_json"])
     if args.serve:
         from workbench.probes.serve.engine_rules import engine_rules
@@ -320,7 +326,7 @@ def _diagnosis_target(args):
                           gpus=options["gpus"], setup=options["setup"], params=params, device_map=args.device_map,
                           max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
                           allow_pickle=args.allow_pickle, data=args.data, run_checkpoint=args.run_checkpoint,
-                          training_args=args.training_args, hub=_hub_mode(args))
+                          training_args=args.training_args, hub=_hub_mode(args), headers_only=headers_only)
 
 
 def _hub_mode(args) -> str:
@@ -389,6 +395,6 @@ def main(argv: list[str] | None = None) -> int:
 def _crash(exc: BaseException) -> int:
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"workbench-crash-{os.getpid()}.log"
     with contextlib.suppress(OSError):
-        log.write_text("".join(traceback.format_exception(exc)))
+        log.write_text("".join(traceback.format_exception(exc)) + getattr(exc, "kernel_traceback", ""))
     print(f"error: the workbench crashed ({type(exc).__name__}: {exc}); traceback in {log}", file=sys.stderr)
     return 2

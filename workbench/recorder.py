@@ -85,6 +85,7 @@ class FindingsRecorder(Displayable):
         # its metadata, which the runner reads (report.runner.declared_checks)
         self.validates_ids = notebook == "panel" or notebook in {nb.name for nb in NOTEBOOKS}
         self.cost: dict[str, Any] = {}  # what the notebook cost (loads, memory), written beside the findings
+        self.environment: dict[str, Any] | None = None  # the software the notebook ran with, read on first save
         self._changed()
 
     @property
@@ -171,7 +172,11 @@ class FindingsRecorder(Displayable):
     def save(self) -> None:
         """Rewrite the sidecar (after every probe unless `autosave=False`: a kernel that dies still leaves what was
         found)."""
-        write_json_atomic(self.path, {"notebook": self.notebook, "cost": self.cost,
+        if self.environment is None:
+            from workbench.environment import environment_facts
+
+            self.environment = environment_facts()  # the kernel's: the report runner's process imports no torch
+        write_json_atomic(self.path, {"notebook": self.notebook, "cost": self.cost, "environment": self.environment,
                                       "findings": [f.to_dict() for f in sort_findings(self.findings)]})
 
     def view(self):

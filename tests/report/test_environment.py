@@ -2,7 +2,7 @@
 
 import importlib.metadata
 
-from workbench.report.environment import LIBRARIES, library_versions
+from workbench.environment import LIBRARIES, library_versions
 
 
 def test_imported_and_installed_versions_agree():

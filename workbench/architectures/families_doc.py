@@ -120,7 +120,7 @@ def _md(text: str) -> str:
 
 
 def write(records: list[dict[str, Any]], folder: Path) -> tuple[Path, Path]:
-    from workbench.report.environment import environment_facts
+    from workbench.environment import environment_facts
 
     facts = environment_facts()
     versions = {k: facts[k] for k in ("torch", "transformers", "peft", "bitsandbytes") if facts.get(k)}

@@ -239,8 +239,9 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                    hub: str = "cache") -> Target:
     """Resolve the user's arguments into a Target; every unusable input raises UsageError (exit 2).
 
-    `headers_only`: the caller reads files and headers alone (the census); the set-up and the architecture are not
-    checked, so neither torch nor transformers is imported. `run_checkpoint`: the step of the checkpoint-N to
+    `headers_only`: the caller reads files and headers alone (the census), or has them checked elsewhere (the CLI's
+    kernel: `check_with_the_stack`); the set-up and the architecture are not checked, so neither torch nor
+    transformers is imported. `run_checkpoint`: the step of the checkpoint-N to
     diagnose when CKPT is a Trainer output directory (default: its final save, else its latest checkpoint).
     `hub`: how hub ids are reached ("cache", "headers", "download"; `workbench.model.hub`)."""
 
@@ -306,13 +307,7 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                       training_args=str(Path(training_args).expanduser()) if training_args else None,
                       model_unavailable=str(exc))
     if not headers_only:
-        from workbench.model.setups import resolve_setup
-
-        resolve_setup(setup)  # a --setup that does not import fails here, before any notebook starts
-        if not setup or setup == "plain":
-            from workbench.model.loading import auto_config
-
-            auto_config(model_dir, trust_remote_code=trust_remote_code)  # unknown architectures fail here, clearly
+        check_with_the_stack(setup, model_dir, trust_remote_code)
     return Target(checkpoint=checkpoint, model_dir=model_dir, adapter_dir=adapter_dir, base=base_ref,
                   base_source=base_source, recorded_base=recorded, quant=quant, gpus=gpus, gpus_stated=gpus_stated,
                   setup=setup or "plain",
@@ -321,6 +316,18 @@ def resolve_target(checkpoint: str, *, adapter: str | None = None, base: str | N
                   trust_remote_code=trust_remote_code, allow_pickle=allow_pickle, adapter_arg=adapter or None,
                   base_arg=base or None, data=str(Path(data).expanduser()) if data else None, run=run,
                   training_args=str(Path(training_args).expanduser()) if training_args else None)
+
+
+def check_with_the_stack(setup: str | None, model_dir: Path, trust_remote_code: bool = False) -> None:
+    """What only the stack can tell about a target, as UsageError: a --setup that does not import, an architecture
+    transformers does not know. Imports torch and transformers: the CLI asks its kernel (`Kernel.check_target`)."""
+    from workbench.model.setups import resolve_setup
+
+    resolve_setup(setup)  # a --setup that does not import fails here, before any notebook starts
+    if not setup or setup == "plain":
+        from workbench.model.loading import auto_config
+
+        auto_config(model_dir, trust_remote_code=trust_remote_code)  # unknown architectures fail here, clearly
 
 
 def _model_folder(checkpoint: str, folder: Path, adapter_dir: Path | None, base: str | None, recorded: str | None,

@@ -43,6 +43,7 @@ class Report:
     findings: list[Finding] = dataclasses.field(default_factory=list)
     cost: dict[str, Any] | None = None  # the runner's: loads, seconds, memory
     explanation: dict[str, Any] | None = None  # `workbench explain --ckpt`: the symptom and its causes, judged
+    environment: dict[str, Any] | None = None  # where the notebooks ran (their kernel's); None: this process's
 
     @classmethod
     def start(cls, target: dict[str, Any], now: dt.datetime | None = None) -> Report:
@@ -56,11 +57,11 @@ class Report:
             dataclasses.replace(f, notebook=run.name) for f in findings]
 
     def as_dict(self) -> dict[str, Any]:
-        from workbench.report.environment import environment_facts
+        from workbench.environment import environment_facts
 
         data = {"schema_version": SCHEMA_VERSION, "run_id": self.run_id,
                 "created": self.created.isoformat(timespec="seconds"), "target": self.target,
-                "environment": environment_facts(), "notebooks": [dataclasses.asdict(r) for r in self.notebooks],
+                "environment": self.environment or environment_facts(), "notebooks": [dataclasses.asdict(r) for r in self.notebooks],
                 "findings": [f.to_dict() for f in sort_findings(self.findings)]}
         if self.cost is not None:
             data["cost"] = self.cost
@@ -84,7 +85,7 @@ class Report:
 
 def redact_report(folder: Path) -> None:
     """Secrets from the environment must not leave the machine inside a shared report (tracebacks included)."""
-    from workbench.report.environment import redact_text, secret_values
+    from workbench.environment import redact_text, secret_values
 
     secrets = secret_values()
     if not secrets:

@@ -72,6 +72,48 @@ class Kernel:
         client.execute(WARM_UP, silent=True, store_history=False)
         self._client = client
 
+    def check_target(self, target, timeout: float = 900) -> bool:
+        """`check_with_the_stack` for `target`, run in this kernel once its warm-up imports are done: the CLI keeps
+        torch and transformers out of its own process (6-7 s of CPU on 2 cores, paid again by the kernel anyway).
+        A UsageError there is raised here with its message; another exception is a KernelCheckError carrying the
+        kernel's traceback. False when the kernel died or gave no answer in `timeout`: the caller checks in its own
+        process."""
+        import queue
+        import time
+
+        from workbench.errors import UsageError
+
+        km = self.manager()
+        client = self._client
+        if client is None:
+            from jupyter_client.blocking import BlockingKernelClient
+
+            client = BlockingKernelClient()
+            client.load_connection_info(km.get_connection_info())
+            client.start_channels(iopub=False, stdin=False, hb=False, control=False)
+            self._client = client
+        code = (f"__import__('workbench.model.target', fromlist=['_']).check_with_the_stack({target.setup!r}, "
+                f"__import__('pathlib').Path({str(target.model_dir)!r}), {bool(target.trust_remote_code)!r})")
+        msg_id = client.execute(code, silent=True, store_history=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                reply = client.get_shell_msg(timeout=1)
+            except queue.Empty:
+                if not self.alive():
+                    return False
+                continue
+            if reply.get("parent_header", {}).get("msg_id") != msg_id:
+                continue  # the warm-up's reply
+            content = reply["content"]
+            if content.get("status") == "ok":
+                return True
+            if content.get("ename") == "UsageError":
+                raise UsageError(content.get("evalue", ""))
+            raise KernelCheckError(f"{content.get('ename')}: {content.get('evalue')}",
+                                   _plain("\n".join(content.get("traceback", []))))
+        return False
+
     def client(self):
         """A connected, ready client of the live kernel, made once per kernel and handed to every notebook.
 
@@ -127,3 +169,18 @@ class Kernel:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class KernelCheckError(RuntimeError):
+    """An exception the kernel raised while checking the target; `kernel_traceback` is its traceback there."""
+
+    def __init__(self, message: str, kernel_traceback: str) -> None:
+        super().__init__(message)
+        self.kernel_traceback = kernel_traceback
+
+
+def _plain(text: str) -> str:
+    """IPython's coloured traceback without its terminal colour codes."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)

@@ -362,6 +362,7 @@ def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, noteb
     for nb in skipped:
         report.findings += skipped_findings(nb, target)
     report.cost = diagnosis_cost(temp, runs, kernels=kernel.started if jobs == 1 else len(runs))
+    report.environment = kernel_environment(temp, runs)
     report.write(temp)
     os.replace(temp, final)
     from workbench.report.index_page import write_reports_index
@@ -385,6 +386,18 @@ def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int) -> dict[
     return {"model_loads": len(loads), "loads": loads, "kernels_started": kernels,
             "seconds": round(sum(r.seconds for r in runs), 2),
             "notebook_seconds": {r.name: r.seconds for r in runs}, "peak_rss_bytes": peak or None}
+
+
+def kernel_environment(folder: Path, runs: list[NotebookRun]) -> dict[str, Any] | None:
+    """The software the notebooks ran with, as their kernel wrote it in its sidecar (None when no sidecar says)."""
+    for run in runs:
+        try:
+            environment = json.loads((folder / f"findings.{run.name}.json").read_text()).get("environment")
+        except (OSError, ValueError):
+            continue
+        if environment:
+            return environment
+    return None
 
 
 def exit_code(findings: list[Finding]) -> int:
