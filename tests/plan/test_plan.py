@@ -156,8 +156,17 @@ def test_glibc_policy_raises_the_threshold_keeps_heap_holes_and_trims_the_top():
 
 
 def bad(*args):
-    return subprocess.run([sys.executable, "-m", "workbench", "plan", *map(str, args)], capture_output=True,
-                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+    """`workbench plan ARGS` run by the CLI's own entry point in this process (the refusals need no fresh process:
+    each would import torch again for the one line it prints): (exit code, what it printed on stderr)."""
+    import contextlib
+    import io
+
+    from workbench.cli import main
+
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["plan", *map(str, args)])
+    return subprocess.CompletedProcess(["workbench", "plan", *map(str, args)], code, "", stderr.getvalue())
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
