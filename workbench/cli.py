@@ -261,22 +261,24 @@ def cmd_diagnose(args) -> int:
         raise UsageError(f"--distributed {args.distributed}: use a number of ranks from 2 to 64 (0: not run)")
     check_reports_dir(Path(args.reports_dir))
     jobs = 1 if args.distributed else (args.jobs or None)
-    # the one kernel imports the stack while this process builds the demo or validates the target (~2 s of
-    # transformers); a CKPT that is no folder (a hub id, a typo) gets its error without one
+    # the one kernel imports the stack while this process builds the demo or reads the target's files; a CKPT that
+    # is no folder (a hub id, a typo) is resolved first, so that a typo gets its error without a kernel
     local = not args.checkpoint or Path(args.checkpoint).expanduser().is_dir()
     kernel = start_kernel(only=args.notebooks) if jobs == 1 and local else None
     try:
-        # with a kernel, the checks that need torch and transformers run there (`Kernel.check_target`)
-        target = _diagnosis_target(args, headers_only=kernel is not None)
-        if kernel is not None and not target.model_unavailable and not kernel.check_target(target):
-            from workbench.model.target import check_with_the_stack
+        # with one kernel, the checks that need torch and transformers run there (`Kernel.check_target`)
+        target = _diagnosis_target(args, headers_only=jobs == 1)
+        only = _notebooks_without_weights(target, args.notebooks)
+        if jobs == 1 and not target.model_unavailable:
+            kernel = kernel or start_kernel(only=only)
+            if not kernel.check_target(target):
+                from workbench.model.target import check_with_the_stack
 
-            check_with_the_stack(target.setup, target.model_dir, target.trust_remote_code)
+                check_with_the_stack(target.setup, target.model_dir, target.trust_remote_code)
     except BaseException:
         if kernel is not None:
             kernel.close()
         raise
-    only = _notebooks_without_weights(target, args.notebooks)
     folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=only,
                                 cell_timeout=args.cell_timeout, jobs=jobs, kernel=kernel,
                                 extra_parameters={"distributed": args.distributed})
