@@ -30,9 +30,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from workbench.demo.build import DemoPaths, DemoRecipes, build_demo, build_demo_recipes  # noqa: E402
-from workbench.runtime import quiet_and_offline  # noqa: E402
+from workbench.runtime import quiet_and_offline, skip_slow_optional_imports  # noqa: E402
 
 quiet_and_offline()
+# as the CLI's own process does: jsonschema's optional IRI checker compiles its grammars on import (6 s of each
+# worker's collection, through nbformat), and nothing the tests validate asks for it
+skip_slow_optional_imports()
 
 
 @pytest.fixture(autouse=True)

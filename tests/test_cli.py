@@ -45,6 +45,20 @@ def test_bad_input_exits_2_with_one_line(args, message):
     assert "Traceback" not in result.stderr + result.stdout
 
 
+def workbench_here(*args):
+    """The CLI's entry point run in this process, for refusals that need no fresh one (each would import the stack
+    again for the one line it prints): exit code and what it printed."""
+    import contextlib
+    import io
+
+    from workbench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(map(str, args)))
+    return subprocess.CompletedProcess(["workbench", *map(str, args)], code, out.getvalue(), err.getvalue())
+
+
 def workbench_in_process(*args, cwd=None):
     """The CLI as `python -m workbench` runs it; its last stdout line says whether this process imported torch."""
     code = ("import sys\nfrom workbench.cli import main\nrc = main(sys.argv[1:])\n"
@@ -53,6 +67,7 @@ def workbench_in_process(*args, cwd=None):
                           timeout=600, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow  # two kernels started and asked
 def test_the_set_up_and_the_architecture_are_checked_in_the_kernel_and_refused_with_exit_2(demo, copy_of, edit_json,
                                                                                            tmp_path):
     """What only torch and transformers can tell (a --setup that does not import, a model_type transformers does not
@@ -112,7 +127,7 @@ def _started_with(process, temp) -> bool:
 def test_training_args_with_unknown_fields_exits_2_naming_them(demo, tmp_path):
     args = tmp_path / "args.yaml"
     args.write_text("per_device_train_batch_size: 2\nlearning_rat: 0.0001\n")
-    result = workbench("diagnose", demo.llama, "--training-args", args, "--reports-dir", tmp_path / "reports")
+    result = workbench_here("diagnose", demo.llama, "--training-args", args, "--reports-dir", tmp_path / "reports")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown TrainingArguments field(s) learning_rat" in lines[0]

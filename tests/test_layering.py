@@ -3,6 +3,7 @@
 transformers or pandas at the top anyway (deferral is for the light entry modules only)."""
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,24 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """Each module parsed once for every test of this file."""
+    return ast.parse(path.read_text())
+
+
 def imported(path: Path, module: str):
     """(imported workbench module, whether the import sits inside a function) for each import of the file."""
-    tree = ast.parse(path.read_text())
+    return _imported(path, module)
+
+
+@functools.cache
+def _imported(path: Path, module: str) -> tuple[tuple[str, bool], ...]:
+    return tuple(_imports(path, module))
+
+
+def _imports(path: Path, module: str):
+    tree = parsed(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     inside = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
               for n in ast.walk(f)}
@@ -100,7 +116,7 @@ def test_no_import_circle(unit):
 def test_modules_that_import_the_stack_at_the_top_import_the_workbench_at_the_top_too():
     deferred = []
     for module, path in MODULES.items():
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names} | \
               {(n.module or "").split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom)}
         if top & HEAVY:
@@ -111,7 +127,7 @@ def test_modules_that_import_the_stack_at_the_top_import_the_workbench_at_the_to
 def test_no_private_name_is_imported_across_modules():
     crossing = []
     for module, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workbench"):
                 crossing += [f"{module}: {node.module}.{a.name}" for a in node.names
                              if a.name.startswith("_") and not a.name.startswith("__")]
