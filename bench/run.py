@@ -189,8 +189,38 @@ def process_seconds(argv: list[str], repeats: int, env: dict | None = None,
 EAGER_HELP = "import torch, transformers, pandas; from workbench.cli import main; main(['--help'])"
 
 
-def startup_rows(rows: list, sparse: Path, repeats: int, cache: Path) -> None:
-    """`--help` and the header census of a 7B-shaped checkpoint, as process times."""
+DIAGNOSE_CPU = """
+import resource, sys
+from pathlib import Path
+from workbench.cli import main
+if STACK_HERE:  # the check that needs torch and transformers made in this process, as before the kernel made it
+    from workbench.model.target import check_with_the_stack
+    check_with_the_stack("plain", Path(FOLDER))
+rc = main(["diagnose", FOLDER, "--notebooks", "01", "--reports-dir", REPORTS])
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print("CPU", usage.ru_utime + usage.ru_stime, "torch" in sys.modules, rc)
+"""
+
+
+def diagnose_cpu(folder: Path, reports: Path, repeats: int, stack_here: bool) -> list[dict]:
+    """CPU seconds of the `diagnose` process itself (its kernel apart), in fresh processes."""
+    code = (DIAGNOSE_CPU.replace("STACK_HERE", str(stack_here)).replace("FOLDER", repr(str(folder)))
+            .replace("REPORTS", repr(str(reports))))
+    out = []
+    for _ in range(repeats):
+        proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                              stdin=subprocess.DEVNULL)
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("CPU ")), None)
+        if line is None or not line.endswith(" 0"):
+            raise RuntimeError(f"diagnose failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        _, cpu, torch_imported, _ = line.split()
+        out.append({"seconds": float(cpu), "torch": torch_imported == "True"})
+    return out
+
+
+def startup_rows(rows: list, sparse: Path, repeats: int, cache: Path, tiny: Path | None = None) -> None:
+    """`--help` and the header census of a 7B-shaped checkpoint, as process times; with `tiny`, the CPU the
+    `diagnose` process itself spends on it."""
     import shutil
 
     help_ours = process_seconds([PY, "-m", "workbench", "--help"], repeats)
@@ -204,6 +234,13 @@ def startup_rows(rows: list, sparse: Path, repeats: int, cache: Path) -> None:
     row(rows, "`python -m workbench census` of the 7B-shaped checkpoint as a process (header map cached vs "
               "first census of this config: meta skeleton built)", warm, cold,
         "goal < 1 s; the cache is keyed by config.json, the tensor names and the transformers release")
+    if tiny is not None:
+        ours = diagnose_cpu(tiny, cache / "reports", repeats, stack_here=False)
+        naive = diagnose_cpu(tiny, cache / "reports", repeats, stack_here=True)
+        row(rows, "CPU of the `diagnose` process itself, the demo's tiny Llama, notebook 01 (the set-up and the "
+                  "architecture checked in the kernel vs in this process: torch and transformers imported here "
+                  "too)", ours, naive,
+            f"CPU seconds, the kernel's apart; torch imported by ours: {ours[0]['torch']}")
 
 
 SAVED_FILES = """
@@ -729,7 +766,8 @@ def main() -> None:
     parser.add_argument("--skip-naive-7b", action="store_true", help="skip reading all 16.6 GB (slow)")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--only-memory", action="store_true", help="just the memory measurement")
-    parser.add_argument("--only-startup", action="store_true", help="just --help and census as processes")
+    parser.add_argument("--only-startup", action="store_true",
+                        help="just --help and census as processes, and the CPU of the diagnose process itself")
     parser.add_argument("--only-scaling", action="store_true",
                         help="just diagnose vs load + forward on 0.4 / 1.3 / 2.6 GB checkpoints")
     parser.add_argument("--sizes", nargs="*", help="with --only-scaling: some of 0.4 1.3 2.6")
@@ -835,14 +873,15 @@ def main() -> None:
         return
     if args.only_startup:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
-            startup_rows(rows, write_sparse_checkpoint(Path(tmp) / "sparse-7b"), args.repeats, Path(tmp) / "cache")
+            startup_rows(rows, write_sparse_checkpoint(Path(tmp) / "sparse-7b"), args.repeats, Path(tmp) / "cache",
+                         demo.llama)
         report("startup", "Start-up of the command line", rows)
         return
     with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
         tmp = Path(tmp)
         sparse = write_sparse_checkpoint(tmp / "sparse-7b")
         apparent = sum(p.stat().st_size for p in sparse.iterdir())
-        startup_rows(rows, sparse, args.repeats, tmp / "cache")
+        startup_rows(rows, sparse, args.repeats, tmp / "cache", demo.llama)
 
         ours = measure(with_folder(HEADER_CENSUS, demo.qwen_stage1), args.repeats)
         naive = measure(with_folder(NAIVE_LOADED_CENSUS, demo.qwen_stage1), args.repeats)
