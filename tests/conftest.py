@@ -29,7 +29,8 @@ os.environ["WORKBENCH_STRICT_CONTRACT"] = "1"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from workbench.demo.build import DemoPaths, DemoRecipes, build_demo, build_demo_recipes  # noqa: E402
+from tests.shared_builds import built_once, shared_demo  # noqa: E402
+from workbench.demo.build import DemoPaths, DemoRecipes, build_demo_recipes  # noqa: E402
 from workbench.runtime import quiet_and_offline, skip_slow_optional_imports  # noqa: E402
 
 quiet_and_offline()
@@ -51,8 +52,8 @@ def isolated_shared_model():
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> DemoPaths:
-    """The bundled demo, built once per test session into a temporary cache."""
-    return build_demo(tmp_path_factory.mktemp("cache") / "demo")
+    """The bundled demo, built once per test session into a temporary cache shared by the workers."""
+    return shared_demo(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -98,8 +99,11 @@ def family(tmp_path_factory):
     built once per test session."""
     from workbench.demo.families import build_family
 
-    parent = tmp_path_factory.mktemp("families")
-    return lambda name: build_family(name, parent)
+    def build(name: str) -> Path:
+        with built_once(tmp_path_factory, f"families-{name}") as parent:
+            return build_family(name, parent)
+
+    return build
 
 
 @pytest.fixture

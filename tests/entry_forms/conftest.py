@@ -9,17 +9,17 @@ import pytest
 from filelock import FileLock
 
 from tests.entry_forms.artifacts import Artifacts, build
+from tests.shared_builds import shared_demo, shared_root
 
 
-def shared_root(tmp_path_factory) -> Path:
-    base = tmp_path_factory.getbasetemp()
-    return (base.parent if base.name.startswith("popen-gw") else base) / "entry-forms"
+def entry_forms_root(tmp_path_factory) -> Path:
+    return shared_root(tmp_path_factory) / "entry-forms"
 
 
 @pytest.fixture(scope="session")
 def artifacts_of(tmp_path_factory):
     """family -> its Artifacts (built on first use; every worker of the session gets the same folders)."""
-    root = shared_root(tmp_path_factory)
+    root = entry_forms_root(tmp_path_factory)
     root.mkdir(parents=True, exist_ok=True)
     cache: dict[str, Artifacts] = {}
 
@@ -31,9 +31,7 @@ def artifacts_of(tmp_path_factory):
                 else:
                     demo_base = None
                     if family == "qwen2_vl":
-                        from workbench.demo.build import build_demo
-
-                        demo_base = build_demo(root / "demo").qwen_base
+                        demo_base = shared_demo(tmp_path_factory).qwen_base
                     cache[family] = build(family, root, demo_base)
         return cache[family]
 

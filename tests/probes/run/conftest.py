@@ -10,8 +10,18 @@ from planted_runs import PlantedRuns, build_planted_runs
 
 @pytest.fixture(scope="session")
 def planted_runs(tmp_path_factory) -> PlantedRuns:
-    """Every planted run and the healthy one, trained once per session by the real Trainer (about 20 s)."""
-    return build_planted_runs(tmp_path_factory.mktemp("trainer-runs"))
+    """Every planted run and the healthy one, trained once per session by the real Trainer (about 20 s), by the
+    first worker that asks; the others read its folders."""
+    import dataclasses
+
+    from tests.shared_builds import built_once
+
+    with built_once(tmp_path_factory, "trainer-runs") as root:
+        if (root / "BUILT").exists():
+            return PlantedRuns(**{field.name: root / field.name for field in dataclasses.fields(PlantedRuns)})
+        runs = build_planted_runs(root)
+        (root / "BUILT").write_text("every planted run trained\n")
+        return runs
 
 
 class Runs:
