@@ -102,6 +102,7 @@ def test_one_kernel_ran_everything_and_the_report_says_what_it_cost(report, demo
     cost = report["cost"]
     assert cost["kernels_started"] == 1 and {n["kernel"] for n in report["notebooks"]} == {"shared"}
     assert cost["model_loads"] == len(cost["loads"]) and cost["peak_rss_bytes"] > 0
+    assert all(load["why"] for load in cost["loads"]), cost["loads"]  # each load says why it was made
     assert set(cost["notebook_seconds"]) == {n["name"] for n in report["notebooks"]}
     output = demo_report.result.stdout + demo_report.result.stderr
     assert "IPKernelApp" not in output and (demo_report.folder / "kernel.log").exists()

@@ -134,3 +134,6 @@ def test_a_healthy_checkpoint_of_each_head_kind_diagnoses_clean_for_two_model_lo
     assert not [(f.id, f.verdict, f.title) for f in findings if f.verdict in ("fail", "error")]
     assert report["cost"]["model_loads"] == 2 and report["cost"]["kernels_started"] == 1, report["cost"]
     assert [load["notebook"] for load in report["cost"]["loads"]] == ["01_dtype_distribution", "03_peft_attributes"]
+    # each load says why it was made: the set-up's, and the one the prepared model could not serve
+    assert [load["why"].split(":")[0] for load in report["cost"]["loads"]] == ["the model the set-up prepares",
+                                                                              "peft.attributes"]

@@ -145,22 +145,25 @@ def first_device(model) -> torch.device:
     return next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
 
 
-# every full load this process made through load_pretrained: {"folder", "quant", "seconds"}
+# every full load this process made through load_pretrained: {"folder", "quant", "seconds", "why"}
 LOADS: list[dict[str, Any]] = []
 
 
 def load_pretrained(folder: str | Path, *, quant: str = "none", dtype: torch.dtype | None = None,
                     device_map: Any = None, max_memory: dict | None = None, trust_remote_code: bool = False,
-                    allow_pickle: bool = False, attn_implementation: str | None = None):
+                    allow_pickle: bool = False, attn_implementation: str | None = None,
+                    why: str = "the model the set-up prepares"):
     """from_pretrained with the workbench's safety defaults (local files only, safetensors only). Each call is
-    recorded in LOADS (a diagnosis reports how many full loads it cost)."""
+    recorded in LOADS with `why` it was made (a diagnosis reports how many full loads it cost, and why each one
+    beyond the set-up's could not reuse the prepared model)."""
     start = time.perf_counter()
     model = _from_pretrained(folder, quant=quant, dtype=dtype, device_map=device_map, max_memory=max_memory,
                              trust_remote_code=trust_remote_code, allow_pickle=allow_pickle,
                              attn_implementation=attn_implementation)
     if quant != "none":
         keep_training_layout(model)  # eval forwards must not repack 4-bit weights for CPU inference (bnb_cpu_layout)
-    LOADS.append({"folder": str(folder), "quant": quant, "seconds": round(time.perf_counter() - start, 3)})
+    LOADS.append({"folder": str(folder), "quant": quant, "seconds": round(time.perf_counter() - start, 3),
+                  "why": why})
     return model
 
 

@@ -38,7 +38,7 @@ def prepare_shared(target):
     prepared = prepare_model(target)
     if len(LOADS) == loads_before:  # a set-up of the user's that called from_pretrained itself
         LOADS.append({"folder": str(target.model_dir), "quant": target.quant, "seconds": None,
-                      "by": f"set-up {target.setup}"})
+                      "by": f"set-up {target.setup}", "why": "the model the set-up prepares"})
     _SHARED[key] = prepared
     return prepared
 

@@ -72,7 +72,9 @@ def _real_quantized_census(target, quant: str, overrides) -> DtypeCensus | str:
     from workbench.model.loading import load_pretrained
 
     try:
-        model = load_pretrained(target.model_dir, quant=quant, trust_remote_code=target.trust_remote_code)
+        model = load_pretrained(target.model_dir, quant=quant, trust_remote_code=target.trust_remote_code,
+                                why=f"dtype.quantized_census: the real {quant} bitsandbytes load its meta-device "
+                                    "prediction is checked against (only under real_quant_max_bytes)")
     except Exception as exc:  # noqa: BLE001 - bitsandbytes may not load on this machine: say so, keep the prediction
         return f"real {quant} load failed here: {type(exc).__name__}: {str(exc)[:200]}"
     try:

@@ -96,7 +96,8 @@ def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcom
                 trust_remote_code=options.get("trust_remote_code", False))
     if kind != "adapter":
         outcome.base = str(folder)
-        model = shared if shared is not None else load_pretrained(folder, **load)
+        model = shared if shared is not None else load_pretrained(folder, **load,
+                                                                  why=f"eval.metrics: recipe {recipe.name}")
         outcome.placement = placement_of(model, recipe.name)
         return (model, *_processing(folder, None))
     recorded = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
@@ -116,7 +117,7 @@ def _load(recipe: Recipe, reference: str | None, options: dict[str, Any], outcom
     if shared is not None:  # the set-up already put the adapter on; hf_device_map is the base's
         outcome.placement = placement_of(shared, recipe.name)
         return (shared, None, None)
-    model = load_pretrained(base_dir, **load)
+    model = load_pretrained(base_dir, **load, why=f"eval.metrics: the base of recipe {recipe.name}")
     outcome.placement = placement_of(model, recipe.name)  # before the adapter: where the base landed
     from peft import PeftModel
 

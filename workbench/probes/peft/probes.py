@@ -155,7 +155,9 @@ def peft_attribute_probe(target) -> AttributeResult:
     skipped: list[str] = []
     load = dict(quant=target.quant, device_map=target.device_map, max_memory=target.max_memory,
                 trust_remote_code=target.trust_remote_code)
-    model = load_pretrained(target.model_dir, **load)
+    model = load_pretrained(target.model_dir, **load,
+                            why="peft.attributes: the raw model the wrapping chain walks (the set-up's model is "
+                                "already wrapped)")
     raise_if_declared_quantization_unapplied(model)  # PEFT would raise "compress_statistics" on these layers
     snaps = [snapshot("raw model", model)]
     if target.quant != "none":
