@@ -37,3 +37,18 @@ def test_a_plain_checkpoint_has_no_run_line(tmp_path):
     report = findings_json({"checkpoint": str(Path(tmp_path) / "model"), "quant": "none", "gpus": 0})
     top = headline(index_view(report).text())
     assert "Diagnosed:" not in top and "NaN logged as loss 0.0" in top
+
+
+def test_the_cost_lists_each_load_with_why_it_was_made(tmp_path):
+    report = findings_json({"checkpoint": str(Path(tmp_path) / "model"), "quant": "none", "gpus": 0})
+    report["cost"] = {"model_loads": 2, "kernels_started": 1, "seconds": 9.5, "peak_rss_bytes": None, "loads": [
+        {"notebook": "01_dtype_distribution", "quant": "4bit", "seconds": 0.5, "why": "the model the set-up prepares"},
+        {"notebook": "03_peft_attributes", "quant": "4bit", "seconds": 0.4,
+         "why": "peft.attributes: the raw model the wrapping chain walks"}]}
+    text = index_view(report).text()
+    cost = text.split("Cost", 1)[1]
+    assert "2 model loads (1 in 01, 1 in 03)" in cost
+    assert cost.index("the model the set-up prepares") < cost.index("peft.attributes: the raw model")
+    assert "peft.attributes: the raw model the wrapping chain walks" in render_index(report)
+    del report["cost"]
+    assert "model loads" not in index_view(report).text()

@@ -37,13 +37,18 @@ def _cost(report: dict[str, Any]) -> Display:
     cost = report.get("cost")
     if not cost:
         return Display()
-    where = Counter(load.get("notebook", "?")[:2] for load in cost.get("loads", []))
+    loads = cost.get("loads", [])
+    where = Counter(load.get("notebook", "?")[:2] for load in loads)
     peak = cost.get("peak_rss_bytes")
+    why = Table(["notebook", "quant", "seconds", "why it was loaded"],
+                [[load.get("notebook", "?"), load.get("quant", ""),
+                  "" if load.get("seconds") is None else f"{load['seconds']:.2f}", load.get("why", "")]
+                 for load in loads], left=True) if loads else Display()
     return Display(Heading("Cost", level=2), Paragraph(
         f"{cost['model_loads']} model loads"
         + (f" ({', '.join(f'{n} in {nb}' for nb, n in sorted(where.items()))})" if where else "")
         + f" · {cost['kernels_started']} kernel(s) · {cost['seconds']:.1f} s of notebooks"
-        + (f" · peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "")))
+        + (f" · peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "")), why)
 
 
 def index_view(report: dict[str, Any], lead: Display | None = None) -> Display:
