@@ -61,7 +61,8 @@ class Report:
 
         data = {"schema_version": SCHEMA_VERSION, "run_id": self.run_id,
                 "created": self.created.isoformat(timespec="seconds"), "target": self.target,
-                "environment": self.environment or environment_facts(), "notebooks": [dataclasses.asdict(r) for r in self.notebooks],
+                "environment": self.environment or environment_facts(),
+                "notebooks": [dataclasses.asdict(r) for r in self.notebooks],
                 "findings": [f.to_dict() for f in sort_findings(self.findings)]}
         if self.cost is not None:
             data["cost"] = self.cost

@@ -167,15 +167,22 @@ def export_run(run: NotebookRun, folder: Path) -> NotebookRun:
     return run
 
 
+def read_sidecar(folder: Path, name: str) -> dict[str, Any]:
+    """What notebook `name`'s kernel wrote beside the report (`findings.<name>.json`: its findings, cost and
+    environment); empty when it wrote nothing readable."""
+    try:
+        sidecar = json.loads((folder / f"findings.{name}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return sidecar if isinstance(sidecar, dict) else {}
+
+
 def collect_findings(folder: Path, notebook: Path, run: NotebookRun) -> list[Finding]:
     """The notebook's sidecar, plus an `error` for every declared check the notebook never reported."""
-    sidecar = folder / f"findings.{notebook.stem}.json"
-    findings: list[Finding] = []
-    if sidecar.exists():
-        try:
-            findings = [Finding.from_dict(d) for d in json.loads(sidecar.read_text())["findings"]]
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            findings = []
+    try:
+        findings = [Finding.from_dict(d) for d in read_sidecar(folder, notebook.stem).get("findings", [])]
+    except (KeyError, TypeError, ValueError):
+        findings = []
     return notebook_answers(notebook.stem, declared_checks(notebook), findings, run.error or "no sidecar")
 
 
@@ -376,11 +383,7 @@ def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int) -> dict[
     loads: list[dict[str, Any]] = []
     peak = 0
     for run in runs:
-        sidecar = folder / f"findings.{run.name}.json"
-        try:
-            cost = json.loads(sidecar.read_text()).get("cost") or {}
-        except (OSError, ValueError):
-            cost = {}
+        cost = read_sidecar(folder, run.name).get("cost") or {}
         loads += [{"notebook": run.name, **load} for load in cost.get("model_loads", [])]
         peak = max(peak, int(cost.get("peak_rss_bytes") or 0))
     return {"model_loads": len(loads), "loads": loads, "kernels_started": kernels,
@@ -390,14 +393,7 @@ def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int) -> dict[
 
 def kernel_environment(folder: Path, runs: list[NotebookRun]) -> dict[str, Any] | None:
     """The software the notebooks ran with, as their kernel wrote it in its sidecar (None when no sidecar says)."""
-    for run in runs:
-        try:
-            environment = json.loads((folder / f"findings.{run.name}.json").read_text()).get("environment")
-        except (OSError, ValueError):
-            continue
-        if environment:
-            return environment
-    return None
+    return next((env for run in runs if (env := read_sidecar(folder, run.name).get("environment"))), None)
 
 
 def exit_code(findings: list[Finding]) -> int:
