@@ -60,7 +60,9 @@ def test_only_the_ticked_groups_run_and_a_crashing_probe_does_not_stop_the_rest(
     assert by_id["checkpoint.integrity"].verdict == "error" and "planted probe crash" in by_id["checkpoint.integrity"].detail
     assert by_id["dtype.fp32_islands"].verdict in ("pass", "warn", "info")  # later steps still ran
     assert [label for _, label, started in seen if started] == [s.label for s in session.steps_for({"Dtype census"})]
-    assert json.loads(next(tmp_path.glob("findings.panel.*.json")).read_text())["findings"]
+    report = json.loads((session.report / "findings.json").read_text())  # the report contract, as diagnose writes
+    assert session.report.parent == tmp_path and report["schema_version"] == 1
+    assert {f["id"] for f in report["findings"]} == set(by_id) and (session.report / "index.html").is_file()
 
 
 def test_results_print_as_text_from_the_blocks_their_html_comes_from(demo):

@@ -1,11 +1,13 @@
 """Confirming an explanation on the user's model: run exactly the checks its causes name, no other notebook step.
 
-    confirm_checks(explanation, target, folder)   # marks each cause confirmed / ruled out, returns the findings
+    confirmation = run_checks(plan_checks(target, checks), checks, folder)   # the answers of the named checks
+    judge(explanation, confirmation.findings)      # each cause confirmed, ruled out or open, with its evidence
 
 For each named check the catalog gives the step of its notebook that answers it; that step runs with the steps it
-reads (its inputs, optional ones included), through a `NotebookSession` and a `FindingsRecorder` as a report
-notebook runs them, so the verdicts are the diagnosis' own. Steps that load their own copy of the model run before
-the shared one is prepared (never two copies resident). A cause is confirmed when one of its checks answers a
+reads (its inputs, optional ones included), as a diagnosis with only those checks asked (`report.diagnosis`: the
+same plan, `NotebookSession`, `FindingsRecorder` and answers rule as `workbench diagnose`), so the verdicts are the
+diagnosis' own. Steps that load their own copy of the model run before the shared one is prepared (never two copies
+resident). A cause is confirmed when one of its checks answers a
 verdict the cause names (`confirms`, default fail or warn), ruled out when every one of its checks answered and none
 did, and left open (None) when a check was skipped, could not run, or the cause names no check.
 """
@@ -17,8 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.catalog import CHECKS_BY_ID, NotebookSpec, notebook
-from workbench.catalog import Step as CatalogStep
+from workbench.catalog import CHECKS_BY_ID
 from workbench.findings import Finding
 
 UNANSWERED = ("skip", "error")
@@ -27,25 +28,6 @@ UNANSWERED = ("skip", "error")
 def named_checks(explanation) -> list[str]:
     """The checks the ranked causes name, in rank order, each once."""
     return list(dict.fromkeys(c for cause in explanation.causes for c in cause.cause.checks))
-
-
-def steps_for(check: str) -> tuple[NotebookSpec, list[CatalogStep]]:
-    """The notebook of `check` and the steps that answer it, with the earlier steps they read, in notebook order."""
-    spec = notebook(CHECKS_BY_ID[check].notebook)
-    names = {s.name for s in spec.steps}
-    wanted: set[str] = set()
-    stack = [s.name for s in spec.steps if check in s.reports]
-    while stack:
-        name = stack.pop()
-        if name in wanted:
-            continue
-        wanted.add(name)
-        step = spec.step(name)
-        for ref in (*step.args, *step.kwargs.values()):
-            dep = ref.rstrip("?")
-            if dep in names:
-                stack.append(dep)
-    return spec, [s for s in spec.steps if s.name in wanted]
 
 
 @dataclasses.dataclass
@@ -60,44 +42,27 @@ class Confirmation:
                 "seconds": round(self.seconds, 1), "report": report}
 
 
-def run_checks(target, checks: list[str], folder: Path) -> Confirmation:
-    """Run the steps that answer `checks` on `target`; the answers of those checks (other checks a step answers on
-    the way are not reported: they were not asked)."""
-    from workbench.notebook import NOTEBOOK_PARAMETERS, NotebookSession
-    from workbench.recorder import FindingsRecorder
+def plan_checks(target, checks: list[str]):
+    """The diagnosis that answers `checks` on `target`: for each, the step of its notebook that answers it and the
+    steps that step reads; only those checks are answered (other checks a step answers on the way were not asked).
+    Notebook 06's probes run under torchrun with two ranks."""
+    from workbench.report.diagnosis import Diagnosis, plan_part
 
-    start = time.monotonic()
-    plan: dict[str, tuple[NotebookSpec, list[CatalogStep]]] = {}
-    for check in checks:
-        spec, steps = steps_for(check)
-        known = plan.get(spec.name, (spec, []))[1]
-        plan[spec.name] = (spec, known + [s for s in steps if s not in known])
-    findings: dict[str, Finding] = {}
-    sessions = {}
-    for name, (spec, _steps) in plan.items():
-        if spec.needs_model and target.model_unavailable:
-            for check in (c for c in checks if CHECKS_BY_ID[c].notebook == name):
-                findings[check] = Finding(check, "skip", "The model could not be resolved", target.model_unavailable,
-                                          {"notebook": name}, target.base_fix or "")
-            continue
-        options = {**NOTEBOOK_PARAMETERS, **target.options()}
-        if name == "06_distributed":
-            options["distributed"] = 2  # the DDP / FSDP2 probes under torchrun with two ranks
-        recorder = FindingsRecorder(folder / f"findings.{name}.json", notebook=name, autosave=False)
-        sessions[name] = NotebookSession(spec, target, recorder, options)
-    ordered = [(name, step) for name, (_spec, steps) in plan.items() if name in sessions for step in steps]
-    # steps that load and free their own copy first: never two copies of the model resident
-    for name, step in [o for o in ordered if o[1].own_model] + [o for o in ordered if not o[1].own_model]:
-        sessions[name].run(step.name)
-    for name, session in sessions.items():
-        session.recorder.save()
-        for f in session.recorder.findings:
-            if f.id in checks:
-                findings[f.id] = f
+    notebooks = list(dict.fromkeys(CHECKS_BY_ID[check].notebook for check in checks))
+    return Diagnosis(target, [plan_part(target, name, asked=checks,
+                                        options={"distributed": 2} if name == "06_distributed" else None)
+                              for name in notebooks])
+
+
+def run_checks(diagnosis, checks: list[str], folder: Path) -> Confirmation:
+    """Run the planned steps here; the answers of the asked `checks`."""
     from workbench.model.shared import free_shared
 
+    start = time.monotonic()
+    diagnosis.run_in_process(folder)
     free_shared()
-    return Confirmation(checks, findings, time.monotonic() - start, list(plan))
+    return Confirmation(checks, {f.id: f for f in diagnosis.findings if f.id in checks}, time.monotonic() - start,
+                        [part.name for part in diagnosis.parts])
 
 
 def _confirming(cause, finding: Finding) -> tuple[bool, str | None]:
@@ -154,7 +119,6 @@ def _compact(evidence: dict[str, Any], limit: int = 2000) -> dict[str, Any]:
 def confirm(explanation, args) -> int:
     """`workbench explain … --ckpt`: resolve the target as `diagnose` does, run the named checks, write the report
     (findings.json + index.html, the symptom on top). Exit 1 when a cause is confirmed."""
-    from workbench.report.contract import NotebookRun, Report
     from workbench.report.runner import check_reports_dir, new_report_folder
 
     checks = named_checks(explanation)
@@ -169,18 +133,14 @@ def confirm(explanation, args) -> int:
     target = resolve_target(args.ckpt, base=args.base, quant=args.quant or "none", gpus=args.gpus, setup=args.setup,
                             data=args.data, training_args=args.training_args,
                             hub="cache" if getattr(args, "user_offline", False) else "headers")
-    report = Report.start(target.as_contract())
-    temp, final = new_report_folder(reports_dir, f"explain-{explanation.symptom.id}", report.created)
+    diagnosis = plan_checks(target, checks)
+    temp, final = new_report_folder(reports_dir, f"explain-{explanation.symptom.id}", diagnosis.report.created)
     try:
-        confirmation = run_checks(target, checks, temp)
+        confirmation = run_checks(diagnosis, checks, temp)
         judge(explanation, confirmation.findings)
-        for name in confirmation.notebooks:
-            found = [f for f in confirmation.findings.values() if CHECKS_BY_ID[f.id].notebook == name]
-            report.add(NotebookRun(name, "ok", None, 0.0), found)
         explanation.confirmation = confirmation.as_dict(args.ckpt, str(final))
-        report.explanation = explanation.as_dict()
-        report.write(temp, lead=explanation.view())
-        temp.rename(final)
+        diagnosis.report.explanation = explanation.as_dict()
+        diagnosis.publish(temp, into=final, lead=explanation.view())
     except BaseException:
         import shutil
 

@@ -1,8 +1,9 @@
 """The run autopsy at the end of training: notebook 08's checks on the live `state.log_history` and the
 checkpoints the run saved, without waiting for a `trainer_state.json` at the output_dir's root.
 
-    run = run_autopsy(args, state, model, report_folder)   # a NotebookRun: run.loss, run.gradients, run.schedule,
-                                                           # run.eval, the preference/RL signals, run.adapter_progress
+    run_autopsy(args, state, model, diagnosis, report_folder)   # notebook 08's part of the callback's diagnosis:
+                                        # run.loss, run.gradients, run.schedule, run.eval, the preference/RL signals,
+                                        # run.adapter_progress
 
 The live state is written into the report folder (`trainer_state.json`, as `TrainerState.save_to_json` writes it)
 and judged there by the same judges as `diagnose OUTPUT_DIR`; the configuration they cite is the live
@@ -12,12 +13,8 @@ TrainingArguments, every field; the head's class count comes from the live model
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
-
-from workbench.catalog import notebook
-from workbench.integrations.preflight import NotebookRun
 
 LIVE = "TrainingArguments of the live Trainer"
 
@@ -60,27 +57,23 @@ def live_training_log(run_dir: Path, state_path: Path, args, model):
     return TrainingLogResult(facts, log, findings, marks)
 
 
-def run_autopsy(args, state, model, folder: Path) -> NotebookRun:
-    from workbench.probes.run.adapter_progress import adapter_progress_probe
-    from workbench.probes.run.trl_signals import run_signals_probe
-    from workbench.recorder import Failed, FindingsRecorder
+# run.versions reads the versions the run wrote into its saved files (config.json, the model card, trainer_state's
+# records); at the callback the run is its own process, whose versions the report's environment lists
+VERSIONS_LIVE = ("reads the versions a run recorded in its saved files against the known regressions: `workbench "
+                 "diagnose OUTPUT_DIR` once the run has saved; this process' own versions are the report's environment")
 
-    start = time.perf_counter()
-    spec = notebook("08_training_run")
+
+def run_autopsy(args, state, model, diagnosis, folder: Path) -> str:
+    """Notebook 08's steps on the live state, as a part of `diagnosis` (replacing its earlier autopsy); the part's
+    name."""
+    from workbench.report.diagnosis import DIAGNOSE_A_SAVE, Withheld, plan_part
+
     run_dir = Path(args.output_dir).resolve()
     state_path = folder / "trainer_state.json"
     state.save_to_json(str(state_path))
-    recorder = FindingsRecorder(folder / f"findings.{spec.name}.json", notebook=spec.name, autosave=False)
-    shown = []
-    log_step, signals_step = spec.step("training_log"), spec.step("run_signals")
-    progress_step = spec.step("adapter_progress")
-    log = recorder.run(live_training_log, run_dir, state_path, args, model, checks=log_step.reports,
-                       step=log_step.name)
-    shown.append((log_step.label, log))
-    signals = recorder.run(run_signals_probe, log, checks=signals_step.reports, step=signals_step.name)
-    shown.append((signals_step.label, signals))
-    optional = None if isinstance(signals, Failed) else signals  # the catalog's "run_signals?"
-    shown.append((progress_step.label, recorder.run(adapter_progress_probe, run_dir, signals=optional,
-                                                    checks=progress_step.reports, step=progress_step.name)))
-    recorder.save()
-    return NotebookRun(spec.name, recorder, shown, time.perf_counter() - start)
+    part = diagnosis.add(plan_part(diagnosis.target, "08_training_run", applies=True, withheld={
+        "versions": Withheld("Not run by the callback", VERSIONS_LIVE, DIAGNOSE_A_SAVE)}))
+    # the run_dir step's result is the live output_dir; the log is the live state, judged as `diagnose` judges one
+    diagnosis.run_in_process(folder, [part], seed={"run_dir": run_dir}, replaced={
+        "training_log": lambda *_inputs: live_training_log(run_dir, state_path, args, model)})
+    return part.name

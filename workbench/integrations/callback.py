@@ -30,7 +30,8 @@ from workbench.findings import Finding, sort_findings, verdict_rank
 from workbench.integrations.autopsy import run_autopsy
 from workbench.integrations.live_report import LiveReport
 from workbench.integrations.live_trainer import calling_trainer, quant_of, source_folder
-from workbench.integrations.preflight import SETUP, run_preflight
+from workbench.integrations.preflight import SETUP, live_target, run_preflight
+from workbench.report.diagnosis import Diagnosis
 
 logger = logging.getLogger("workbench")
 RAISE_ON = (None, "fail", "warn")
@@ -100,7 +101,7 @@ class WorkbenchCallback(TrainerCallback):
         if not (self.autopsy and state.is_world_process_zero and self.report is not None):
             return
         try:
-            self.report.add([run_autopsy(args, state, model, self.report.folder)])
+            self.report.publish([run_autopsy(args, state, model, self.report.diagnosis, self.report.folder)])
             logger.warning("workbench: run autopsy %s added to %s", when, self.report.index)
         except Exception:  # noqa: BLE001
             logger.exception("workbench: the run autopsy %s could not run", when)
@@ -109,14 +110,16 @@ class WorkbenchCallback(TrainerCallback):
         start = time.perf_counter()
         source = source_folder(model)
         name = (source.name if source is not None else type(model).__name__)
-        target = {"checkpoint": str(source) if source else f"{type(model).__name__} (in memory)",
-                  "model_dir": str(source) if source else None, "adapter": None, "base": None,
-                  "quant": quant_of(model), "gpus": max(1, int(getattr(args, "_n_gpu", 1) or 1)), "setup": SETUP,
-                  "output_dir": str(Path(args.output_dir).resolve())}
-        self.report = LiveReport.create(args.output_dir, name, target)
-        runs = run_preflight(trainer, model, processing_class, self.report.folder,
-                             loss_accumulation=self.loss_accumulation, data_samples=self.data_samples)
-        findings = self.report.add(runs)
+        contract = {"checkpoint": str(source) if source else f"{type(model).__name__} (in memory)",
+                    "model_dir": str(source) if source else None, "adapter": None, "base": None,
+                    "quant": quant_of(model), "gpus": max(1, int(getattr(args, "_n_gpu", 1) or 1)), "setup": SETUP,
+                    "output_dir": str(Path(args.output_dir).resolve())}
+        diagnosis = Diagnosis(live_target(trainer, model), contract=contract)
+        self.report = LiveReport.create(args.output_dir, name, diagnosis)
+        ran = run_preflight(trainer, model, processing_class, diagnosis, self.report.folder,
+                            loss_accumulation=self.loss_accumulation, data_samples=self.data_samples)
+        self.report.publish(ran)
+        findings = diagnosis.findings
         self.preflight_seconds = time.perf_counter() - start
         logger.warning("workbench: pre-flight report %s (%.1f s)", self.report.index, self.preflight_seconds)
         limit = verdict_rank(self.raise_on) if self.raise_on else None  # VERDICT_ORDER: a lower rank is worse

@@ -1,22 +1,23 @@
 """The callback's report: one dated folder under `output_dir/workbench/`, written by the pre-flight and appended to
 by the autopsy, in the report contract (findings.json, schema version 1; index.html; one HTML page per notebook).
 
-    report = LiveReport.create(output_dir, name)   # output_dir/workbench/YYYY-MM-DD/HHMMSS-name/
-    report.add(runs)                               # NotebookRuns: findings.json and index.html rewritten, and
-                                                   # output_dir/workbench/index.html, the list of reports
-    report.write_pages()                           # each notebook's page, with its figures
+    report = LiveReport.create(output_dir, name, diagnosis)   # output_dir/workbench/YYYY-MM-DD/HHMMSS-name/
+    ran = run_preflight(trainer, model, tokenizer, report.diagnosis, report.folder)   # parts run and assembled
+    report.publish(ran)     # findings.json and index.html rewritten, and output_dir/workbench/index.html
+    report.write_pages()    # each notebook's page, with its figures
+
+The diagnosis (`report.diagnosis.Diagnosis`) is the one `workbench diagnose` assembles its report with: the same
+parts, the same answers rule, the same writer.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import os
 from pathlib import Path
-from typing import Any
 
 from workbench.findings import Finding, write_text_atomic
-from workbench.report.contract import NotebookRun, Report, redact_report
+from workbench.report.contract import redact_report
 
 REPORT_FOLDER = "workbench"  # under the Trainer's output_dir
 
@@ -24,17 +25,16 @@ REPORT_FOLDER = "workbench"  # under the Trainer's output_dir
 @dataclasses.dataclass
 class LiveReport:
     folder: Path
-    report: Report  # the contract: findings.json and index.html are written from it
-    pending: list = dataclasses.field(default_factory=list)  # runs whose page is not written yet
+    diagnosis: object  # report.diagnosis.Diagnosis: its report is findings.json and index.html
+    pending: set = dataclasses.field(default_factory=set)  # parts whose page is not written since they last ran
 
     @classmethod
-    def create(cls, output_dir: str | Path, name: str, target: dict[str, Any]) -> LiveReport:
+    def create(cls, output_dir: str | Path, name: str, diagnosis) -> LiveReport:
         from workbench.report.runner import new_report_folder
 
-        now = dt.datetime.now().astimezone()
-        temp, final = new_report_folder(Path(output_dir) / REPORT_FOLDER, name, now)
+        temp, final = new_report_folder(Path(output_dir) / REPORT_FOLDER, name, diagnosis.report.created)
         os.replace(temp, final)  # appended to while training runs: no half-report rename at the end
-        return cls(final, Report.start(target, now))
+        return cls(final, diagnosis)
 
     @property
     def index(self) -> Path:
@@ -42,48 +42,34 @@ class LiveReport:
 
     @property
     def findings(self) -> list[Finding]:
-        return self.report.findings
+        return self.diagnosis.findings
 
-    def add(self, runs) -> list[Finding]:
-        """Merge each run's findings (a notebook run again replaces its earlier ones) and rewrite findings.json and
-        index.html; each run's own page waits for `write_pages` (its figures take longer than the checks: the
-        pre-flight writes them once training has ended or stopped). Returns the findings added."""
-        added: list[Finding] = []
-        for run in runs:
-            self.report.add(NotebookRun(run.name, "ok", f"{run.name}.html", round(run.seconds, 2), kernel="own"),
-                            run.findings)
-            self.pending = [r for r in self.pending if r.name != run.name] + [run]
-            added += run.findings
-        self.write()
-        return added
+    def publish(self, ran=()) -> None:
+        """`ran`: the parts that just ran. findings.json and index.html, then `output_dir/workbench/index.html`: every callback report of this
+        output_dir, newest first, as `reports/index.html` lists diagnoses. Each notebook row links its page, which
+        `write_pages` writes (its figures take longer than the checks: once training has ended or stopped)."""
+        self.pending |= set(ran)
+        for row in self.diagnosis.report.notebooks:
+            row.html = f"{row.name}.html"
+        self.diagnosis.publish(self.folder, listing=self.folder.parent.parent,
+                               listing_title="WorkbenchCallback reports of this output_dir")
 
     def write_pages(self) -> None:
-        """Each added run's page: its findings, then each step's result with its figures."""
-        pending, self.pending = self.pending, []
-        for run in pending:
-            write_text_atomic(self.folder / f"{run.name}.html", _page(run))
+        """Each notebook's page not written since it last ran: its findings, then each step's result."""
+        pending, self.pending = self.pending & set(self.diagnosis.sessions), set()  # parts that ran here
+        for name in pending:
+            write_text_atomic(self.folder / f"{name}.html", _page(name, self.diagnosis))
         if pending:
             redact_report(self.folder)
 
-    def contract(self) -> dict[str, Any]:
-        return self.report.as_dict()
 
-    def write(self) -> None:
-        """findings.json and index.html, then `output_dir/workbench/index.html`: every callback report of this
-        output_dir, newest first, as `reports/index.html` lists diagnoses."""
-        from workbench.report.index_page import write_reports_index
-
-        self.report.write(self.folder)
-        write_reports_index(self.folder.parent.parent, title="WorkbenchCallback reports of this output_dir")
-
-
-def _page(run) -> str:
+def _page(name: str, diagnosis) -> str:
     """A notebook's page: its findings, then each step's result, rendered by the display model."""
     from workbench.display.nodes import Display, Heading
     from workbench.report.index_page import page
 
-    body = [Heading(f"{run.name} · from the training callback", level=1), run.recorder.view()]
-    for label, result in run.results:
+    body = [Heading(f"{name} · from the training callback", level=1), diagnosis.sessions[name].recorder.view()]
+    for label, result in diagnosis.shown[name]:
         body.append(Heading(label, level=2))
         body.append(result.view() if hasattr(result, "view") else None)
-    return page(run.name, Display(*body))
+    return page(name, Display(*body))

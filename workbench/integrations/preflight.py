@@ -1,9 +1,11 @@
 """The pre-flight: the checks a live Trainer can answer before its first step, with no model loaded again.
 
-    runs = run_preflight(trainer, model, processing_class, report_folder)   # one NotebookRun per catalog notebook
+    diagnosis = Diagnosis(live_target(trainer, model), contract=...)
+    ran = run_preflight(trainer, model, processing_class, diagnosis, report_folder)   # the parts it ran
 
-Each check runs as the catalog's step of its notebook, through a `NotebookSession` and a `FindingsRecorder`, as
-the panel runs them; the catalog says which (`Step.live`: True, or why the callback does not run it, which its report
+Each check runs as the catalog's step of its notebook, a part of the callback's diagnosis (`report.diagnosis`: the
+same `NotebookSession`, `FindingsRecorder` and answers rule as `workbench diagnose` and the panel); the catalog says
+which (`Step.live`: True, or why the callback does not run it, which its report
 then says as a `skip` on the step's checks — a check is never silently absent): notebook 00 on the folder the model was loaded from (when it is a local folder), the data
 path (07) read from your Trainer's own dataloader and collator, fp32 islands (01), one `grad.flow` step (04) on a
 row of the first batch your collator builds, the forward matrix (04) when fp32 islands finds tensors off the compute
@@ -19,14 +21,10 @@ model is the live one: steps that change it run under `guard.restored`, and the 
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from workbench.catalog import notebook
-from workbench.findings import Finding
 from workbench.integrations.live_trainer import (
     first_batch,
     quant_of,
@@ -45,51 +43,73 @@ FORWARD_MATRIX_OFF = ("the forward matrix (train/eval, autocast on/off, adapters
                       "without one the matrix would repeat grad.flow's forward a dozen times")
 
 
-@dataclasses.dataclass
-class NotebookRun:
-    """One catalog notebook's steps as the callback ran them: its recorder (the findings) and its results."""
-
-    name: str
-    recorder: Any
-    results: list[tuple[str, Any]]
-    seconds: float
-
-    @property
-    def findings(self) -> list[Finding]:
-        return list(self.recorder.findings)
-
-
-def run_preflight(trainer, model, processing_class, folder: Path, *, loss_accumulation: bool = False,
-                  data_samples: int | None = DATA_SAMPLES) -> list[NotebookRun]:
-    """Every pre-flight notebook's steps on the live Trainer; the sidecars are written into `folder`."""
+def run_preflight(trainer, model, processing_class, diagnosis, folder: Path, *, loss_accumulation: bool = False,
+                  data_samples: int | None = DATA_SAMPLES) -> list[str]:
+    """Every pre-flight notebook's steps on the live Trainer, as parts of `diagnosis` (its target: `live_target`);
+    the sidecars are written into `folder`. Returns the names of the parts run."""
     from workbench.model.setups import PreparedModel
-    from workbench.model.target import Target
     from workbench.probes.train.configuration import launch_of
+    from workbench.report.diagnosis import plan_part
 
     launch = launch_of(trainer)  # first: the checks below build TrainingArguments, which reset what it reads
-    source = source_folder(model)
-    runs = [_saved_files(source, folder)]
-    output_dir = Path(trainer.args.output_dir if trainer is not None else folder).resolve()
+    target = diagnosis.target
+    saved_files = _saved_files_part(source_folder(model), target)
+    diagnosis.add(saved_files)
+    diagnosis.run_in_process(folder, [saved_files])
+    done = [saved_files.name]
     with untouched_run(trainer, model):
         batch_file = _first_batch_file(trainer, folder)
+        if batch_file is not None:
+            target.params["forward_inputs"] = str(batch_file)
         prepared = PreparedModel(model, processing_class or getattr(trainer, "processing_class", None), SETUP,
                                  f"the model of your {type(trainer).__name__ if trainer is not None else 'Trainer'}, "
                                  "live", trainer=trainer, launch=launch)
-        target = Target(checkpoint=str(source or output_dir), model_dir=source or output_dir, quant=quant_of(model),
-                        gpus=max(1, int(getattr(trainer.args, "_n_gpu", 1) or 1)) if trainer is not None else 1,
-                        setup=SETUP, params={"forward_inputs": str(batch_file)} if batch_file else {})
-        seed = {"prepared": prepared}
-        runs.append(_data_path(trainer, processing_class, target, seed, folder, data_samples))
+        live = {"seed": {"prepared": prepared}, "live_model": model}
         sharded = runs_sharded(trainer)
-        islands = _session(folder, "01_dtype_distribution", target, seed, skip_model=sharded)
-        runs.append(islands)
+
+        def part(name: str, held_back: dict[str, str] | None = None, opted_in: tuple[str, ...] = ()):
+            return diagnosis.add(plan_part(target, name, withheld=_withheld(name, sharded, held_back, opted_in)))
+
+        data = part("07_data_path")
+        diagnosis.run_in_process(folder, [data], replaced={"data_path": lambda *_a, **_k: live_data_path(
+            trainer, processing_class, data_samples)}, **live)
+        islands = part("01_dtype_distribution")
+        diagnosis.run_in_process(folder, [islands], **live)
         # info: tensors off the compute dtype on purpose (kept so by the class, not reaching the activations)
-        mixed = any(f.id == "dtype.fp32_islands" and f.verdict in ("warn", "fail") for f in islands.findings)
-        runs.append(_session(folder, "04_forward_checks", target, seed, skip_model=sharded,
-                             held_back={} if mixed else {"forward": FORWARD_MATRIX_OFF}))
-        runs.append(_session(folder, "09_training_step", target, seed, skip_model=sharded,
-                             opted_in=("loss_accumulation",) if loss_accumulation else ()))
-    return runs
+        mixed = any(f.id == "dtype.fp32_islands" and f.verdict in ("warn", "fail") for f in diagnosis.findings)
+        forward = part("04_forward_checks", held_back={} if mixed else {"forward": FORWARD_MATRIX_OFF})
+        diagnosis.run_in_process(folder, [forward], **live)
+        step = part("09_training_step", opted_in=("loss_accumulation",) if loss_accumulation else ())
+        diagnosis.run_in_process(folder, [step], **live)
+        done += [data.name, islands.name, forward.name, step.name]
+    return done
+
+
+def live_target(trainer, model):
+    """The diagnosis' target for a live Trainer: the folder its model was loaded from (else the output_dir), the
+    GPUs its process sees, the quantization its model carries; the set-up is the user's own."""
+    from workbench.model.target import Target
+
+    source = source_folder(model)
+    output_dir = Path(trainer.args.output_dir if trainer is not None else ".").resolve()
+    return Target(checkpoint=str(source or output_dir), model_dir=source or output_dir, quant=quant_of(model),
+                  gpus=max(1, int(getattr(trainer.args, "_n_gpu", 1) or 1)) if trainer is not None else 1,
+                  setup=SETUP, params={})
+
+
+def _withheld(name: str, sharded: str | None, held_back: dict[str, str] | None, opted_in: tuple[str, ...]):
+    """The steps of notebook `name` the callback does not run, each with why: the step's own `live` reason (unless
+    opted in), a step this run does not need (`held_back`), or a step on the model of one rank of a sharded run."""
+    from workbench.report.diagnosis import DIAGNOSE_A_SAVE, Withheld
+
+    withheld = {}
+    for step in notebook(name).steps:
+        why = (held_back or {}).get(step.name) or (None if step.live is True or step.name in opted_in else step.live)
+        if why:
+            withheld[step.name] = Withheld("Not run by the callback", why, DIAGNOSE_A_SAVE)
+        elif sharded and "prepared" in step.args:
+            withheld[step.name] = Withheld("Not run on one rank of a sharded model", sharded, DIAGNOSE_A_SAVE)
+    return withheld
 
 
 def _first_batch_file(trainer, folder: Path) -> Path | None:
@@ -132,68 +152,25 @@ def _first_batch_file(trainer, folder: Path) -> Path | None:
     return path
 
 
-def _session(folder: Path, name: str, target, seed: dict[str, Any], *, skip_model: str | None = None,
-             before=None, held_back: dict[str, str] | None = None, opted_in: tuple[str, ...] = ()) -> NotebookRun:
-    """Run the live steps of the catalog notebook `name` (`Step.live` True, and those `opted_in`) in one session whose
-    results start from `seed`. Every check of a step it does not run is answered `skip` with the reason: the step's
-    own `live` text, or `held_back`'s (a step this run does not need)."""
-    from workbench.model.guard import restored
-    from workbench.notebook import NOTEBOOK_PARAMETERS, NotebookSession
-    from workbench.recorder import FindingsRecorder
-
-    start = time.perf_counter()
-    spec = notebook(name)
-    recorder = FindingsRecorder(folder / f"findings.{name}.json", notebook=name, autosave=False)
-    session = NotebookSession(spec, target, recorder, {**NOTEBOOK_PARAMETERS, **target.options()})
-    session.results.update(seed)
-    shown: list[tuple[str, Any]] = list(before(session)) if before is not None else []
-    held_back = held_back or {}
-    for step in spec.steps:
-        if step.name in session.results:  # seeded (the live model) or read by `before`
-            continue
-        why = held_back.get(step.name) or (None if step.live is True or step.name in opted_in else step.live)
-        if why or (skip_model and "prepared" in step.args):
-            recorder.add(*(Finding(c, "skip", "Not run by the callback" if why else
-                                   "Not run on one rank of a sharded model", why or skip_model, {"step": step.name},
-                                   "Run `workbench diagnose` on a checkpoint your run saves.")
-                           for c in step.reports), step=step.name)
-            continue
-        model = getattr(seed.get("prepared"), "model", None)
-        guard = restored(model) if model is not None and not step.mutates and "prepared" in step.args else None
-        if guard is None:
-            result = session.run(step.name)
-        else:  # a step the catalog does not mark as changing the model still runs on the live one: guarded too
-            with guard:
-                result = session.run(step.name)
-        shown.append((step.label, result))
-    recorder.save()
-    return NotebookRun(name, recorder, shown, time.perf_counter() - start)
-
-
-def _saved_files(source: Path | None, folder: Path) -> NotebookRun:
-    """Notebook 00 on the folder the model was loaded from; every check a skip when it was built in memory."""
-    spec = notebook("00_saved_files")
-    if source is None:
-        return _skipped(folder, spec, "the model does not name a local folder it was loaded from "
-                                      "(config._name_or_path): there are no saved files to read")
+def _saved_files_part(source: Path | None, live):
+    """Notebook 00 on the folder the model was loaded from; every check a skip when it was built in memory or that
+    folder cannot be read as a checkpoint."""
     from workbench.errors import UsageError
     from workbench.model.target import resolve_target
+    from workbench.report.diagnosis import Withheld, plan_part
 
-    try:
-        target = resolve_target(str(source))
-        target.require_model()
-    except UsageError as exc:
-        return _skipped(folder, spec, f"the folder the model was loaded from cannot be read as a checkpoint: {exc}")
-    return _session(folder, spec.name, target, {})
-
-
-def _skipped(folder: Path, spec, why: str) -> NotebookRun:
-    from workbench.recorder import FindingsRecorder
-
-    recorder = FindingsRecorder(folder / f"findings.{spec.name}.json", notebook=spec.name, autosave=False)
-    recorder.add(*(Finding(c, "skip", "No saved files to read", why, {}, "") for c in spec.checks))
-    recorder.save()
-    return NotebookRun(spec.name, recorder, [], 0.0)
+    name = "00_saved_files"
+    why = ("the model does not name a local folder it was loaded from (config._name_or_path): there are no saved "
+           "files to read")
+    if source is not None:
+        try:
+            target = resolve_target(str(source))
+            target.require_model()
+        except UsageError as exc:
+            why = f"the folder the model was loaded from cannot be read as a checkpoint: {exc}"
+        else:
+            return plan_part(target, name, part_target=target)
+    return plan_part(live, name, withheld={s.name: Withheld("No saved files to read", why) for s in notebook(name).steps})
 
 
 def live_data_path(trainer, processing_class, samples: int | None):
@@ -214,13 +191,3 @@ def live_data_path(trainer, processing_class, samples: int | None):
     return DataBatches(None, "trainer", tokenizer, getattr(args, "max_length", None),
                        getattr(args, "truncation_mode", "keep_start"), trainer=trainer, samples=samples,
                        batch_size=args.per_device_train_batch_size, marker=marker, stop_ids=frozenset(stops))
-
-
-def _data_path(trainer, processing_class, target, seed, folder: Path, samples: int | None) -> NotebookRun:
-    def read_batches(session) -> list[tuple[str, Any]]:
-        step = notebook("07_data_path").step("data_path")
-        result = session.recorder.run(live_data_path, trainer, processing_class, samples, step=step.name)
-        session.results[step.name] = result
-        return [(step.label, result)]
-
-    return _session(folder, "07_data_path", target, seed, before=read_batches)

@@ -8,8 +8,9 @@ choose quantization, GPU count and set-up, tick the probe groups, press "Run pro
 progress bar; their results land in tabs (dtype census, DataParallel, attributes, forward flow, findings) and
 render exactly as in the batch report. Widgets are for interactive use only: batch reports stay static HTML.
 
-The panel runs the same probes through the same `FindingsRecorder` as the notebooks: a probe that crashes shows
-as an error in its tab and the next one runs. `PanelSession` holds that logic without widgets, so it is tested
+The panel runs the ticked notebooks as one diagnosis (`report.diagnosis.Diagnosis`, as `workbench diagnose` and the
+callback do): the same steps, recorders and answers rule, and a report (findings.json, index.html) in its findings
+folder. A probe that crashes shows as an error in its tab and the next one runs. `PanelSession` holds that logic without widgets, so it is tested
 without a browser; `Panel` lays widgets over it.
 """
 
@@ -17,16 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.catalog import NOTEBOOKS, NotebookSpec
+from workbench.catalog import NOTEBOOKS
 from workbench.catalog import Step as CatalogStep
 from workbench.errors import UsageError
 from workbench.findings import Finding, worst_verdict
 from workbench.model.target import QUANTS, Target, resolve_target
-from workbench.recorder import FindingsRecorder
 
 # One tick box and one tab per notebook that runs in one process (06 launches torchrun: `make diagnose` runs it).
 # Evaluation loads every recipe (and builds the demo's on first use), the memory plan needs training arguments:
@@ -52,16 +51,19 @@ class PanelStep:
         return "" if self.step.name == "prepared" else self.group
 
 
+def panel_notebooks(groups: set[str]) -> list[str]:
+    """The catalog notebooks of the ticked groups, in notebook order."""
+    return [nb.name for nb in NOTEBOOKS if nb.panel and nb.group in groups]
+
+
 def panel_steps(groups: set[str]) -> list[PanelStep]:
-    """The catalog's steps of the ticked notebooks, each once, in notebook order; steps that load and free their
-    own copy of the model run before the shared one is prepared (never two copies resident)."""
-    chosen: dict[str, PanelStep] = {}
-    for nb in NOTEBOOKS:
-        if nb.panel and nb.group in groups:
-            for step in nb.steps:
-                chosen.setdefault(step.name, PanelStep(step, nb.group))
-    steps = list(chosen.values())
-    return [s for s in steps if s.step.own_model] + [s for s in steps if not s.step.own_model]
+    """The catalog's steps of the ticked notebooks in the order the diagnosis runs them (`run_order`: steps that
+    load and free their own copy of the model first, never two copies resident)."""
+    from workbench.catalog import notebook
+    from workbench.report.diagnosis import run_order
+
+    pairs = [(notebook(name), step) for name in panel_notebooks(groups) for step in notebook(name).steps]
+    return [PanelStep(step, spec.group) for spec, step in run_order(pairs)]
 
 
 def describe_target(target: Target) -> str:
@@ -80,7 +82,8 @@ class PanelSession:
         self.findings_dir = Path(findings_dir or tempfile.mkdtemp(prefix="workbench-panel-"))
         self.results: dict[str, list[Any]] = {tab: [] for tab in TABS}
         self.findings: list[Finding] = []
-        self._done: dict[str, Any] = {}
+        self.diagnosis = None  # the last run's (report.diagnosis.Diagnosis)
+        self.report: Path | None = None  # its report folder: findings.json and index.html, as `diagnose` writes
 
     @staticmethod
     def validate(checkpoint: str, *, base: str = "", quant: str = "none", gpus: int = 0,
@@ -96,35 +99,36 @@ class PanelSession:
 
     def run(self, target: Target, groups: set[str],
             on_step: Callable[[int, int, PanelStep, float | None], None] | None = None) -> list[Finding]:
-        """Run the steps of the ticked groups in order; `on_step(i, n, step, seconds)` before (None) and after."""
+        """Run the ticked groups' notebooks as one diagnosis, step by step; `on_step(i, n, step, seconds)` before
+        (None) and after each. The report (findings.json, index.html) goes to a new folder of `findings_dir`."""
+        from workbench.report.diagnosis import Diagnosis
+
         self.free()
         self.results = {tab: [] for tab in TABS}
-        from workbench.notebook import NOTEBOOK_PARAMETERS, NotebookSession
+        diagnosis = self.diagnosis = Diagnosis.plan(target, panel_notebooks(groups))
+        folder = self.findings_dir / f"{diagnosis.report.run_id}"
+        folder.mkdir(parents=True)
 
-        rec = FindingsRecorder(self.findings_dir / f"findings.panel.{int(time.time() * 1000)}.json", notebook="panel",
-                               interactive=True)
-        steps = self.steps_for(groups)
-        session = NotebookSession(NotebookSpec("panel", "panel", "panel", tuple(s.step for s in steps)), target, rec,
-                                  {**NOTEBOOK_PARAMETERS, **target.options()})
-        self._done = session.results
-        for i, step in enumerate(steps, 1):
+        def each_step(i: int, n: int, part, step, seconds: float | None) -> None:
+            shown = PanelStep(step, part.spec.group)
+            if seconds is not None and shown.tab:
+                self.results[shown.tab].append(diagnosis.shown[part.name][-1][1])
             if on_step:
-                on_step(i, len(steps), step, None)
-            start = time.perf_counter()
-            result = session.run(step.step.name)
-            if step.tab:
-                self.results[step.tab].append(result)
-            if on_step:
-                on_step(i, len(steps), step, time.perf_counter() - start)
-        self.findings = list(rec.findings)
-        self.results["Findings"] = [rec]
+                on_step(i, n, shown, seconds)
+
+        diagnosis.run_in_process(folder, interactive=True, on_step=each_step)
+        self.report = diagnosis.publish(folder)
+        self.findings = list(diagnosis.findings)
+        self.results["Findings"] = [diagnosis]
         return self.findings
 
     def free(self) -> None:
         """Drop the previous run's model before loading the next (gc, and the CUDA cache where there is one)."""
         from workbench.model.shared import free_shared
 
-        self._done.clear()
+        if self.diagnosis is not None:
+            for session in self.diagnosis.sessions.values():
+                session.results.clear()
         free_shared()
 
 

@@ -1,5 +1,6 @@
 """The report runner: papermill executes each notebook into a dated folder, nbconvert exports it to HTML,
-and the notebooks' sidecars are merged into findings.json and index.html.
+and the notebooks' sidecars are assembled into findings.json and index.html by the diagnosis
+(`report.diagnosis.Diagnosis`: planned, each notebook's answers recorded, published).
 
 A notebook that raises is still saved (papermill marks the failing cell), exported, and recorded as `error`;
 the next notebook still runs. The report is assembled in a hidden `.partial` folder and renamed into
@@ -20,12 +21,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.contract import notebook_answers
 from workbench.errors import UsageError
 from workbench.findings import FAILING_VERDICTS, Finding, sort_findings
 from workbench.model.target import Target
 from workbench.paths import NOTEBOOK_DIR, REPORT_TEMPLATE_DIR
-from workbench.report.contract import NotebookRun, Report
+from workbench.report.contract import NotebookRun
+from workbench.report.diagnosis import Diagnosis
 from workbench.report.kernels import KERNEL_NAME, Kernel
 
 
@@ -37,18 +38,6 @@ def find_notebooks(folder: Path = NOTEBOOK_DIR, only: list[str] | None = None) -
     if not notebooks:
         raise UsageError(f"no notebooks to run in {folder}" + (f" matching {only}" if only else ""))
     return notebooks
-
-
-def declared_checks(notebook: Path) -> list[str]:
-    """The check ids a notebook promises: the catalog's. A notebook of your own that the catalog does not know
-    declares its checks in its metadata (`{"workbench": {"checks": [...]}}`)."""
-    from workbench.catalog import CHECKS
-
-    known = [c.id for c in CHECKS if c.notebook == notebook.stem]
-    if known:
-        return known
-    meta = json.loads(notebook.read_text()).get("metadata", {})
-    return list(meta.get("workbench", {}).get("checks", []))
 
 
 def ensure_kernel() -> str:
@@ -167,6 +156,14 @@ def export_run(run: NotebookRun, folder: Path) -> NotebookRun:
     return run
 
 
+def sidecar_findings(folder: Path, name: str) -> list[Finding]:
+    """The findings notebook `name`'s kernel wrote in its sidecar (none when it wrote nothing readable)."""
+    try:
+        return [Finding.from_dict(d) for d in read_sidecar(folder, name).get("findings", [])]
+    except (KeyError, TypeError, ValueError):
+        return []
+
+
 def read_sidecar(folder: Path, name: str) -> dict[str, Any]:
     """What notebook `name`'s kernel wrote beside the report (`findings.<name>.json`: its findings, cost and
     environment); empty when it wrote nothing readable."""
@@ -175,52 +172,6 @@ def read_sidecar(folder: Path, name: str) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return sidecar if isinstance(sidecar, dict) else {}
-
-
-def collect_findings(folder: Path, notebook: Path, run: NotebookRun) -> list[Finding]:
-    """The notebook's sidecar, plus an `error` for every declared check the notebook never reported."""
-    try:
-        findings = [Finding.from_dict(d) for d in read_sidecar(folder, notebook.stem).get("findings", [])]
-    except (KeyError, TypeError, ValueError):
-        findings = []
-    return notebook_answers(notebook.stem, declared_checks(notebook), findings, run.error or "no sidecar")
-
-
-def not_applicable(notebooks: list[Path], target: Target) -> list[Path]:
-    """The notebooks that do not apply to the target: those the catalog runs only on a Trainer output_dir when the
-    target is none, those it runs only with --training-args when there are none, and those that need the model
-    when it cannot be resolved."""
-    from workbench.catalog import NOTEBOOKS
-
-    run_only = {nb.name for nb in NOTEBOOKS if nb.trainer_output_only}
-    files_only = {nb.name for nb in NOTEBOOKS if not nb.needs_model}
-    args_only = {nb.name for nb in NOTEBOOKS if nb.training_args_only}
-    return [nb for nb in notebooks if (nb.stem in run_only and target.run is None)
-            or (nb.stem in args_only and not target.training_args)
-            or (target.model_unavailable and nb.stem not in files_only)]
-
-
-def skipped_findings(notebook: Path, target: Target) -> list[Finding]:
-    """A `skip` on each declared check of a notebook that does not apply to the target (not executed)."""
-    if target.model_unavailable:
-        return [Finding(check, "skip", "The model cannot be resolved", f"{target.model_unavailable}. {notebook.stem} "
-                        "loads the model; the run autopsy (08_training_run) reads the run's own files and ran.",
-                        {"notebook_run": False, "base": target.base, "checkpoint": target.checkpoint},
-                        target.base_fix, notebook.stem)
-                for check in declared_checks(notebook)]
-    from workbench.catalog import notebook as spec_of
-
-    if spec_of(notebook.stem).training_args_only and not target.training_args:
-        return [Finding(check, "skip", "no --training-args",
-                        f"{notebook.stem} plans the training step under the run's training arguments: pass "
-                        "--training-args FILE (TrainingArguments / SFTConfig fields)", {"notebook_run": False},
-                        "diagnose CKPT --training-args args.yaml, or `workbench plan CKPT` with flags.", notebook.stem)
-                for check in declared_checks(notebook)]
-    return [Finding(check, "skip", "not a Trainer output directory",
-                    f"{target.checkpoint} holds no trainer_state.json (at its root or in a checkpoint-N folder): "
-                    f"{notebook.stem} reads what a Trainer run left behind", {"notebook_run": False},
-                    "Pass the Trainer's output_dir (or one of its checkpoint-N folders) as CKPT.", notebook.stem)
-            for check in declared_checks(notebook)]
 
 
 def notebook_parameters(target: Target, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -305,11 +256,12 @@ def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, noteb
     if target.model_unavailable:
         echo(f"the model cannot be resolved ({target.model_unavailable}): only the run autopsy runs; "
              f"{target.base_fix}")
-    skipped = not_applicable(notebooks, target)
-    notebooks = [nb for nb in notebooks if nb not in skipped]
+    diagnosis = Diagnosis.plan(target, notebooks, created=now)
+    notebooks = [nb for nb in notebooks if diagnosis.part(nb.stem).runs]
     jobs = jobs or parallel_jobs(target, len(notebooks))
     if jobs > 1:
         echo(f"running {jobs} notebooks at a time, each in its own kernel (each holds its own copy of the model)")
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     # one kernel, started (and importing the stack) before this process imports papermill; each notebook's HTML is
@@ -319,8 +271,9 @@ def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, noteb
     kernel = early if early is not None and jobs == 1 else Kernel(warm_up=Path(notebook_dir) == NOTEBOOK_DIR)
     if jobs == 1:
         kernel.manager()
+    assembling = threading.Lock()  # notebooks run side by side (jobs > 1) are assembled one at a time
 
-    def execute(item: tuple[int, Path]) -> tuple[NotebookRun, list[Finding]]:
+    def execute(item: tuple[int, Path]) -> NotebookRun:
         i, notebook = item
         echo(f"[{i}/{len(notebooks)}] {notebook.stem} ...")
         sidecar = str(temp / f"findings.{notebook.stem}.json")
@@ -332,12 +285,13 @@ def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, noteb
         run.kernel = "own" if jobs > 1 else "fresh" if fresh else "shared"
         if jobs == 1 and run.error and ("Timeout" in run.error or "DeadKernel" in run.error or not kernel.alive()):
             kernel.discard()  # a hung or dead kernel: the next notebook starts a fresh one
-        nb_findings = collect_findings(temp, notebook, run)
-        verdicts = ", ".join(f"{f.id} {f.verdict}" for f in sort_findings(nb_findings))
+        with assembling:
+            answers = diagnosis.record(run, sidecar_findings(temp, notebook.stem))
+        verdicts = ", ".join(f"{f.id} {f.verdict}" for f in sort_findings(answers))
         echo(f"[{i}/{len(notebooks)}] {notebook.stem} {run.status} ({run.seconds:.1f} s): {verdicts}"
              + (f"\n      {run.error}" if run.error else "")
              + ("\n      (in a fresh kernel: the previous notebook's kernel died or hung)" if fresh else ""))
-        return run, nb_findings
+        return run
 
     # papermill's and nbclient's own log lines ("Timeout waiting for execute reply", ...) go to the report, not
     # the console: the console shows one line per notebook, with the error it ended on
@@ -347,10 +301,10 @@ def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, noteb
     papermill_log.propagate = False
     try:
         if jobs == 1:  # one kernel, the notebooks in order, the prepared model shared
-            results = [execute(item) for item in enumerate(notebooks, 1)]
+            runs = [execute(item) for item in enumerate(notebooks, 1)]
         else:
             with ThreadPoolExecutor(max_workers=jobs) as pool:  # each notebook is its own kernel process
-                results = list(pool.map(execute, enumerate(notebooks, 1)))
+                runs = list(pool.map(execute, enumerate(notebooks, 1)))
     finally:
         kernel.discard()
         if jobs == 1:
@@ -362,20 +316,10 @@ def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, noteb
         papermill_log.removeHandler(handler)
         handler.close()
         papermill_log.propagate = True
-    runs = [run for run, _ in results]
-    report = Report.start(target.as_contract(), now)
-    for run, nb_findings in results:
-        report.add(run, nb_findings)
-    for nb in skipped:
-        report.findings += skipped_findings(nb, target)
-    report.cost = diagnosis_cost(temp, runs, kernels=kernel.started if jobs == 1 else len(runs))
-    report.environment = kernel_environment(temp, runs)
-    report.write(temp)
-    os.replace(temp, final)
-    from workbench.report.index_page import write_reports_index
-
-    write_reports_index(Path(reports_dir).resolve())
-    return final, report.findings
+    diagnosis.report.cost = diagnosis_cost(temp, runs, kernels=kernel.started if jobs == 1 else len(runs))
+    diagnosis.report.environment = kernel_environment(temp, runs)
+    final = diagnosis.publish(temp, into=final, listing=Path(reports_dir).resolve())
+    return final, diagnosis.findings
 
 
 def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int) -> dict[str, Any]:

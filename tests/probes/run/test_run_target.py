@@ -51,15 +51,19 @@ def test_notebook_08_is_skipped_without_running_on_a_checkpoint_that_is_no_run(p
 
     from workbench.catalog import notebook
     from workbench.paths import NOTEBOOK_DIR
-    from workbench.report.runner import find_notebooks, not_applicable, skipped_findings
+    from workbench.report.diagnosis import Diagnosis
+    from workbench.report.runner import find_notebooks
 
     shutil.copytree(planted_runs.healthy / "checkpoint-10", tmp_path / "model", ignore=shutil.ignore_patterns("trainer_state.json"))
     plain, run = resolve_target(str(tmp_path / "model")), resolve_target(str(planted_runs.healthy))
     notebooks = find_notebooks(NOTEBOOK_DIR)
+    on_plain, on_run = Diagnosis.plan(plain, notebooks), Diagnosis.plan(run, notebooks)
     # neither has --training-args: notebook 11 (the memory plan) is not executed either
-    assert [nb.stem for nb in not_applicable(notebooks, plain)] == ["08_training_run", "11_memory_plan"]
-    assert [nb.stem for nb in not_applicable(notebooks, run)] == ["11_memory_plan"]
-    planned = skipped_findings(NOTEBOOK_DIR / "11_memory_plan.ipynb", plain)
+    assert [p.name for p in on_plain.skipped] == ["08_training_run", "11_memory_plan"]
+    assert [p.name for p in on_run.skipped] == ["11_memory_plan"]
+    planned = on_plain.part("11_memory_plan").skipped
     assert [(f.id, f.verdict, f.title) for f in planned] == [("plan.memory", "skip", "no --training-args")]
-    skipped = skipped_findings(NOTEBOOK_DIR / "08_training_run.ipynb", plain)
+    skipped = on_plain.part("08_training_run").skipped
+    # the plan's skips are the report's answers for those notebooks, before anything runs
+    assert {(f.id, f.notebook) for f in on_plain.findings} == {(f.id, f.notebook) for f in [*planned, *skipped]}
     assert {f.id for f in skipped} == set(notebook("08_training_run").checks) and {f.verdict for f in skipped} == {"skip"}
