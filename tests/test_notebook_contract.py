@@ -42,6 +42,29 @@ def test_open_notebook_resolves_runs_steps_and_records(demo, tmp_path):
         nb.run("census")
 
 
+def test_the_last_cell_runs_every_catalog_step_without_a_cell_of_its_own(demo, tmp_path, monkeypatch):
+    import dataclasses
+
+    from workbench import catalog
+
+    spec = catalog.notebook("00_saved_files")
+    # the catalog gains a step no notebook cell names: `finish` runs it, after the cells' own steps
+    gained = dataclasses.replace(spec.steps[-1], name="generation_again", label="generation_config.json, again",
+                                 reports=())
+    monkeypatch.setattr(catalog, "NOTEBOOKS", tuple(
+        dataclasses.replace(nb, steps=(*nb.steps, gained)) if nb.name == spec.name else nb for nb in catalog.NOTEBOOKS))
+    nb = open_notebook("00_saved_files", checkpoint=str(demo.qwen_stage2), findings_path=str(tmp_path / "f.json"))
+    assert all(check in nb.view().text() for check in spec.checks)  # the opening cell lists the catalog's checks
+    nb.run("files")
+    nb.run("weights")
+    shown = nb.finish().text()
+    assert list(nb.results) == [s.name for s in (*spec.steps, gained)]  # in the catalog's order, each once
+    assert {f.id for f in nb.recorder.findings} == set(spec.checks)  # every check answered
+    assert "Steps of the catalog without a cell above" in shown and "generation_config.json, again" in shown
+    assert "the adapter's weights" not in shown  # a step a cell ran is not shown again
+    assert "Steps of the catalog" not in nb.finish().text()  # nothing left: the findings alone
+
+
 def test_open_notebook_without_a_checkpoint_opens_the_demo_as_make_diagnose_does(demo, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CACHE", str(demo.root.parent))
     nb = open_notebook("02_dataparallel", findings_path=str(tmp_path / "f.json"))

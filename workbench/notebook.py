@@ -2,6 +2,7 @@
 
     nb = wb.open_notebook("01_dtype_distribution", parameters=globals())   # options -> target, recorder
     static = nb.run("static")                                            # a step of the catalog, by name
+    nb.finish()                                                          # the steps not run yet, then the findings
 
 `NOTEBOOK_PARAMETERS` is exactly the parameters cell of every report notebook (a test compares them with
 papermill's `inspect_notebook`), the runner passes nothing else (it checks before executing), and the target's
@@ -116,8 +117,27 @@ class NotebookSession(Displayable):
         value = self.results[name]
         return None if ref.endswith("?") and isinstance(value, Failed) else value
 
+    def finish(self):
+        """The notebook's last cell: every step of the catalog's sequence this notebook has not run yet, in order
+        (a step added to the catalog reaches the report without a cell of its own), each result under its label,
+        then the findings."""
+        from workbench.display.nodes import Display, Heading
+
+        shown = []
+        for step in self.spec.steps:
+            if step.name not in self.results:
+                result = self.run(step.name)
+                shown += [Heading(step.label, level=3), result.view() if hasattr(result, "view") else None]
+        if shown:
+            shown.insert(0, Heading("Steps of the catalog without a cell above", level=2))
+        return Display(*shown, self.recorder.view())
+
     def view(self):
-        return self.target.view()
+        """The target, and the checks this notebook answers (the catalog's, so a check added there is listed)."""
+        from workbench.display.nodes import Code, Display, Paragraph
+
+        checks = [part for check in self.spec.checks for part in (", ", Code(check))][1:]
+        return Display(self.target.view(), Paragraph("Checks: ", *checks) if checks else None)
 
 
 def _guarded(prepared):
