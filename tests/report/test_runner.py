@@ -77,6 +77,32 @@ def test_a_failing_notebook_is_an_artifact_and_the_next_still_runs(demo, tmp_pat
     assert "planted crash" in (folder / "01_boom.html").read_text()
 
 
+@pytest.mark.slow
+def test_notebooks_side_by_side_run_in_kernels_of_their_own_told_the_diagnosis_and_this_process_untouched(
+        demo, tmp_path, contract_notebook, monkeypatch):
+    monkeypatch.delenv("WORKBENCH_BATCH", raising=False)
+    before = dict(os.environ)
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    for i in (1, 2):  # each kernel says what its environment told it: batch mode, the notebooks, the user's folder
+        nbformat.write(contract_notebook(
+            "import os\nimport workbench as wb\n"
+            f"rec = wb.FindingsRecorder(findings_path, notebook='0{i}_env')\n"
+            "told = (os.environ.get('WORKBENCH_BATCH'), os.environ.get('WORKBENCH_NOTEBOOKS'),\n"
+            "        os.getcwd() in os.environ.get('PYTHONPATH', '').split(os.pathsep))\n"
+            f"rec.add(wb.Finding('env{i}.check', 'pass' if told == ('1', '01_env,02_env', True) else 'fail', "
+            "'the kernel environment', repr(told)))", [f"env{i}.check"]), notebooks / f"0{i}_env.ipynb")
+    folder, findings = diagnose(resolve_target(str(demo.llama)), reports_dir=tmp_path / "reports",
+                                notebook_dir=notebooks, jobs=2, echo=lambda line: None)
+    assert {f.id: f.verdict for f in findings} == {"env1.check": "pass", "env2.check": "pass"}, [
+        f.detail for f in findings]
+    report = json.loads((folder / "findings.json").read_text())
+    assert [(n["name"], n["status"], n["kernel"]) for n in report["notebooks"]] == [("01_env", "ok", "own"),
+                                                                                   ("02_env", "ok", "own")]
+    assert report["cost"]["kernels_started"] == 2 and (folder / "02_env.html").is_file()
+    assert dict(os.environ) == before  # the diagnosis told its kernels, not this process
+
+
 def test_report_folders_never_collide(tmp_path):
     now = dt.datetime(2026, 11, 22, 10, 30, 0)
     first_temp, first = new_report_folder(tmp_path, "demo", now)

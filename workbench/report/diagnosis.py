@@ -228,7 +228,7 @@ class Diagnosis(Displayable):
         """Run `parts` (default: every part that runs) here and assemble each; returns their rows.
 
         Steps that load and free their own copy of the model run first, across the parts (never two copies
-        resident); then the others in notebook order. A step with no input but the target and its options that
+        resident); then the others in notebook order. A step with no input but the target and its parameters that
         answers no check (preparing the shared model) runs once and its result serves every part. Withheld steps
         are answered `skip` with their reason. `seed`: results each part starts from (the callback's live model);
         `live_model`: a model that is not ours, restored after every step that reads it; `replaced`: a step's

@@ -27,7 +27,7 @@ class Kernel:
     """The diagnosis' kernel. It may start before the report folder exists (the CLI starts it while it still
     validates the target), so its console goes to a private temporary log that `save_log` copies into the report."""
 
-    def __init__(self, name: str = KERNEL_NAME, warm_up: bool = True) -> None:
+    def __init__(self, name: str = KERNEL_NAME, warm_up: bool = True, env: dict[str, str] | None = None) -> None:
         import tempfile
 
         fd, path = tempfile.mkstemp(prefix="workbench-kernel-", suffix=".log")
@@ -35,6 +35,7 @@ class Kernel:
         self.log_path = Path(path)
         self.name = name
         self.warm_up = warm_up  # import the stack the workbench's notebooks use as soon as a kernel starts
+        self.env = dict(env or {})  # set in each kernel's environment over this process's own
         self.km = None
         self.started = 0  # kernels started for this diagnosis
         self._log: IO[bytes] | None = None
@@ -53,7 +54,7 @@ class Kernel:
         # kernel while waiting (a blocking client's waits do neither)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in discard()
         km = AsyncKernelManager(kernel_name=self.name)
-        run_sync(km.start_kernel)(stdout=self._log, stderr=self._log,
+        run_sync(km.start_kernel)(stdout=self._log, stderr=self._log, env={**os.environ, **self.env},
                                   extra_arguments=["--IPKernelApp.log_level=ERROR"])
         self.km = km
         self.started += 1

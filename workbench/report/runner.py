@@ -11,11 +11,13 @@ whole, and two runs started in the same second get different folders.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import logging
 import os
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -192,134 +194,156 @@ def parallel_jobs(target: Target, notebooks: int) -> int:
     return jobs if two_copies_fit_easily(target) else 1
 
 
+def kernel_variables(notebooks: list[Path]) -> dict[str, str]:
+    """What a diagnosis tells its kernels through their environment (each kernel is another process; this process's
+    own environment is left as it is): the user's folder importable (`--setup module:function`, in the kernel and in
+    the ranks torchrun starts from it), batch mode (probes print plain progress lines instead of widgets), and the
+    notebooks this diagnosis runs (`workbench.model.shared` runs their own-copy steps before it prepares a model too
+    big for two copies)."""
+    from workbench.model.shared import NOTEBOOKS_ENV
+
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
+            "WORKBENCH_BATCH": "1", NOTEBOOKS_ENV: ",".join(nb.stem for nb in notebooks)}
+
+
 def start_kernel(only: list[str] | None = None) -> Kernel:
     """The diagnosis' one kernel, started now: the stack's imports in it overlap the caller's own work (the CLI
     starts it before validating the target). `only`: the notebooks `diagnose` will run (as its `only=`), which the
     kernel is told. Hand it to `diagnose(kernel=...)`, or `close()` it."""
     ensure_kernel()
-    with notebooks_told_to_kernels(find_notebooks(NOTEBOOK_DIR, only=only)):
-        kernel = Kernel()
-        kernel.manager()
+    kernel = Kernel(env=kernel_variables(find_notebooks(NOTEBOOK_DIR, only=only)))
+    kernel.manager()
     return kernel
-
-
-@contextlib.contextmanager
-def notebooks_told_to_kernels(notebooks: list[Path]):
-    """Within the block, kernels that start are told which notebooks this diagnosis runs (workbench.model.shared runs
-    the own-copy steps of these notebooks before it prepares a model too big for two copies); the caller's
-    environment is given back after."""
-    from workbench.model.shared import NOTEBOOKS_ENV
-
-    outer = os.environ.get(NOTEBOOKS_ENV)
-    os.environ[NOTEBOOKS_ENV] = ",".join(nb.stem for nb in notebooks)
-    try:
-        yield
-    finally:
-        if outer is None:
-            os.environ.pop(NOTEBOOKS_ENV, None)
-        else:
-            os.environ[NOTEBOOKS_ENV] = outer
 
 
 def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
              echo: Callable[[str], None] = print, notebook_dir: Path = NOTEBOOK_DIR,
              cell_timeout: int | None = 1800, jobs: int | None = 1,
              kernel: Kernel | None = None) -> tuple[Path, list[Finding]]:
-    """Run the notebooks into a dated report folder; (folder, findings). `kernel`: one already started
-    (`start_kernel`), used when the notebooks run one at a time and closed at the end either way."""
+    """The notebooks into a dated report folder: planned, executed by papermill, assembled and published by the
+    diagnosis (`report.diagnosis.Diagnosis`); (folder, findings). `jobs`: notebooks side by side, each in its own
+    kernel (None: by cores and memory). `kernel`: one already started (`start_kernel`), used when the notebooks run
+    one at a time and closed at the end either way."""
     try:
-        return _diagnose(target, reports_dir, only, extra_parameters, echo, notebook_dir, cell_timeout, jobs, kernel)
+        kernel_python = ensure_kernel()
+        notebooks = find_notebooks(Path(notebook_dir), only=only)
+        now = dt.datetime.now().astimezone()
+        diagnosis = Diagnosis.plan(target, notebooks, created=now)
+        temp, final = new_report_folder(Path(reports_dir).resolve(), target.name, now)
+        echo(f"diagnosing {target.checkpoint} -> {final} (kernel {KERNEL_NAME}: {kernel_python})")
+        if target.run is not None:
+            echo(f"Trainer output directory: diagnosing {target.run.describe()}")
+        if target.model_unavailable:
+            echo(f"the model cannot be resolved ({target.model_unavailable}): only the run autopsy runs; "
+                 f"{target.base_fix}")
+        notebooks = [nb for nb in notebooks if diagnosis.part(nb.stem).runs]
+        jobs = jobs or parallel_jobs(target, len(notebooks))
+        # notebooks of your own (another notebook_dir) may not need the stack: their kernel is not warmed up with it
+        execution = PapermillExecution(diagnosis, temp, notebook_parameters(target, extra_parameters),
+                                       kernel_variables(notebooks), cell_timeout, echo,
+                                       warm_up=Path(notebook_dir) == NOTEBOOK_DIR)
+        with papermill_log_in(temp):
+            if jobs == 1:
+                runs = execution.in_one_kernel(notebooks, kernel)
+            else:
+                echo(f"running {jobs} notebooks at a time, each in its own kernel (each holds its own copy of the "
+                     "model)")
+                runs = execution.side_by_side(notebooks, jobs)
+        diagnosis.report.cost = diagnosis_cost(temp, runs, kernels=execution.kernels_started)
+        diagnosis.report.environment = kernel_environment(temp, runs)
+        return diagnosis.publish(temp, into=final, listing=Path(reports_dir).resolve()), diagnosis.findings
     finally:
         if kernel is not None:
             kernel.close()
 
 
-def _diagnose(target, reports_dir, only, extra_parameters, echo, notebook_dir, cell_timeout, jobs, early):
-    kernel_python = ensure_kernel()
-    # kernels inherit the environment: keep the user's folder importable for --setup module:function
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-    os.environ["WORKBENCH_BATCH"] = "1"  # probes print plain progress lines instead of widgets
-    notebooks = find_notebooks(Path(notebook_dir), only=only)
-    with notebooks_told_to_kernels(notebooks):
-        return _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, notebook_dir, cell_timeout,
-                              jobs, early, kernel_python)
-
-
-def _run_notebooks(target, reports_dir, notebooks, extra_parameters, echo, notebook_dir, cell_timeout, jobs, early,
-                   kernel_python):
-    now = dt.datetime.now().astimezone()
-    temp, final = new_report_folder(Path(reports_dir).resolve(), target.name, now)
-    parameters = notebook_parameters(target, extra_parameters)
-    echo(f"diagnosing {target.checkpoint} -> {final} (kernel {KERNEL_NAME}: {kernel_python})")
-    if target.run is not None:
-        echo(f"Trainer output directory: diagnosing {target.run.describe()}")
-    if target.model_unavailable:
-        echo(f"the model cannot be resolved ({target.model_unavailable}): only the run autopsy runs; "
-             f"{target.base_fix}")
-    diagnosis = Diagnosis.plan(target, notebooks, created=now)
-    notebooks = [nb for nb in notebooks if diagnosis.part(nb.stem).runs]
-    jobs = jobs or parallel_jobs(target, len(notebooks))
-    if jobs > 1:
-        echo(f"running {jobs} notebooks at a time, each in its own kernel (each holds its own copy of the model)")
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    # one kernel, started (and importing the stack) before this process imports papermill; each notebook's HTML is
-    # exported in a thread of this process while the kernel runs the next notebook
-    exports = ThreadPoolExecutor(max_workers=1) if jobs == 1 else None
-    # notebooks of your own (another notebook_dir) may not need the stack: their kernel is not warmed up with it
-    kernel = early if early is not None and jobs == 1 else Kernel(warm_up=Path(notebook_dir) == NOTEBOOK_DIR)
-    if jobs == 1:
-        kernel.manager()
-    assembling = threading.Lock()  # notebooks run side by side (jobs > 1) are assembled one at a time
-
-    def execute(item: tuple[int, Path]) -> NotebookRun:
-        i, notebook = item
-        echo(f"[{i}/{len(notebooks)}] {notebook.stem} ...")
-        sidecar = str(temp / f"findings.{notebook.stem}.json")
-        fresh = jobs == 1 and kernel.started > 0 and not kernel.alive()
-        run = run_notebook(notebook, temp, {**parameters, "findings_path": sidecar},
-                           kernel if jobs == 1 else KERNEL_NAME, cell_timeout, export=exports is None)
-        if exports is not None:
-            exports.submit(export_run, run, temp)
-        run.kernel = "own" if jobs > 1 else "fresh" if fresh else "shared"
-        if jobs == 1 and run.error and ("Timeout" in run.error or "DeadKernel" in run.error or not kernel.alive()):
-            kernel.discard()  # a hung or dead kernel: the next notebook starts a fresh one
-        with assembling:
-            answers = diagnosis.record(run, sidecar_findings(temp, notebook.stem))
-        verdicts = ", ".join(f"{f.id} {f.verdict}" for f in sort_findings(answers))
-        echo(f"[{i}/{len(notebooks)}] {notebook.stem} {run.status} ({run.seconds:.1f} s): {verdicts}"
-             + (f"\n      {run.error}" if run.error else "")
-             + ("\n      (in a fresh kernel: the previous notebook's kernel died or hung)" if fresh else ""))
-        return run
-
-    # papermill's and nbclient's own log lines ("Timeout waiting for execute reply", ...) go to the report, not
-    # the console: the console shows one line per notebook, with the error it ended on
+@contextlib.contextmanager
+def papermill_log_in(folder: Path):
+    """papermill's and nbclient's own log lines ("Timeout waiting for execute reply", ...) go to the report's
+    papermill.log, not the console: the console shows one line per notebook, with the error it ended on."""
     papermill_log = logging.getLogger("papermill")
-    handler = logging.FileHandler(temp / "papermill.log")
+    handler = logging.FileHandler(folder / "papermill.log")
     papermill_log.addHandler(handler)
     papermill_log.propagate = False
     try:
-        if jobs == 1:  # one kernel, the notebooks in order, the prepared model shared
-            runs = [execute(item) for item in enumerate(notebooks, 1)]
-        else:
-            with ThreadPoolExecutor(max_workers=jobs) as pool:  # each notebook is its own kernel process
-                runs = list(pool.map(execute, enumerate(notebooks, 1)))
+        yield
     finally:
-        kernel.discard()
-        if jobs == 1:
-            kernel.save_log(temp / "kernel.log")
-        if kernel is not early:
-            kernel.close()
-        if exports is not None:
-            exports.shutdown(wait=True)  # every HTML written (and every export error on its run) before the index
         papermill_log.removeHandler(handler)
         handler.close()
         papermill_log.propagate = True
-    diagnosis.report.cost = diagnosis_cost(temp, runs, kernels=kernel.started if jobs == 1 else len(runs))
-    diagnosis.report.environment = kernel_environment(temp, runs)
-    final = diagnosis.publish(temp, into=final, listing=Path(reports_dir).resolve())
-    return final, diagnosis.findings
+
+
+@dataclasses.dataclass
+class PapermillExecution:
+    """The diagnosis' execute step for `workbench diagnose`: each running part's notebook through papermill into
+    `folder`, its sidecar recorded into the diagnosis as the notebook ends."""
+
+    diagnosis: Diagnosis
+    folder: Path
+    parameters: dict[str, Any]  # every notebook's (the sidecar path added per notebook)
+    variables: dict[str, str]  # the kernels' environment (`kernel_variables`)
+    cell_timeout: int | None
+    echo: Callable[[str], None]
+    warm_up: bool
+    kernels_started: int = 0
+    _assembling: Any = dataclasses.field(default_factory=threading.Lock)  # side-by-side notebooks, one at a time
+
+    def in_one_kernel(self, notebooks: list[Path], kernel: Kernel | None = None) -> list[NotebookRun]:
+        """The notebooks in order in one kernel (`kernel`, else a new one), the prepared model shared; a notebook that
+        kills or hangs its kernel leaves the next ones a fresh one. Each notebook's HTML is exported in a thread of
+        this process while the kernel runs the next notebook."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        own = kernel is None
+        kernel = kernel or Kernel(warm_up=self.warm_up, env=self.variables)
+        kernel.manager()  # started (and importing the stack) before this process imports papermill
+        exports = ThreadPoolExecutor(max_workers=1)
+        runs = []
+        try:
+            for i, notebook in enumerate(notebooks, 1):
+                fresh = kernel.started > 0 and not kernel.alive()
+                run = self._run(i, len(notebooks), notebook, kernel, "fresh" if fresh else "shared", export=False)
+                exports.submit(export_run, run, self.folder)
+                if run.error and ("Timeout" in run.error or "DeadKernel" in run.error or not kernel.alive()):
+                    kernel.discard()  # a hung or dead kernel: the next notebook starts a fresh one
+                runs.append(run)
+        finally:
+            kernel.discard()
+            kernel.save_log(self.folder / "kernel.log")
+            self.kernels_started = kernel.started
+            if own:
+                kernel.close()
+            exports.shutdown(wait=True)  # every HTML written (and every export error on its run) before the index
+        return runs
+
+    def side_by_side(self, notebooks: list[Path], jobs: int) -> list[NotebookRun]:
+        """`jobs` notebooks at a time, each in a kernel of its own (each holds its own copy of the model)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def in_own_kernel(item: tuple[int, Path]) -> NotebookRun:
+            i, notebook = item
+            with Kernel(warm_up=self.warm_up, env=self.variables) as kernel:
+                return self._run(i, len(notebooks), notebook, kernel, "own", export=True)
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            runs = list(pool.map(in_own_kernel, enumerate(notebooks, 1)))
+        self.kernels_started = len(runs)
+        return runs
+
+    def _run(self, i: int, n: int, notebook: Path, kernel: Kernel, kind: str, export: bool) -> NotebookRun:
+        self.echo(f"[{i}/{n}] {notebook.stem} ...")
+        sidecar = str(self.folder / f"findings.{notebook.stem}.json")
+        run = run_notebook(notebook, self.folder, {**self.parameters, "findings_path": sidecar}, kernel,
+                           self.cell_timeout, export=export)
+        run.kernel = kind
+        with self._assembling:
+            answers = self.diagnosis.record(run, sidecar_findings(self.folder, notebook.stem))
+        verdicts = ", ".join(f"{f.id} {f.verdict}" for f in sort_findings(answers))
+        self.echo(f"[{i}/{n}] {notebook.stem} {run.status} ({run.seconds:.1f} s): {verdicts}"
+                  + (f"\n      {run.error}" if run.error else "")
+                  + ("\n      (in a fresh kernel: the previous notebook's kernel died or hung)" if kind == "fresh"
+                     else ""))
+        return run
 
 
 def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int) -> dict[str, Any]:
