@@ -89,8 +89,9 @@ def test_our_tracker_keeps_torchs_numbers_where_torchs_own_runs(tmp_path):
 
 @pytest.mark.slow
 def test_a_deep_uniform_stack_extends_exactly_from_two_and_four_layers(tmp_path):
+    from workbench.plan.depth import uniform_depth
     from workbench.plan.setup import plan_setup
-    from workbench.plan.step import _fake_step, fake_step, uniform_depth
+    from workbench.plan.step import _fake_step, fake_step
 
     folder = tiny_qwen2(tmp_path / "m", layers=7)
     setup = plan_setup(str(folder), peft=str(lora_file(tmp_path)), seq=32, batch=2, device="cuda")
@@ -106,7 +107,7 @@ def test_a_deep_uniform_stack_extends_exactly_from_two_and_four_layers(tmp_path)
 def test_non_uniform_stacks_run_every_layer(tmp_path):
     from transformers import AutoConfig
 
-    from workbench.plan.step import uniform_depth
+    from workbench.plan.depth import uniform_depth
 
     mixed = tiny_qwen2(tmp_path / "mixed", layers=6, layer_types=["full_attention", "sliding_attention"] * 3,
                        use_sliding_window=True, sliding_window=16)
