@@ -13,7 +13,14 @@ pinned torch; tests/plan holds them to a real tracker's numbers. `phase(name)` r
 
 `ShardedMemTracker` is torch's `FSDPMemTracker` (`torch.distributed._tools.fsdp2_mem_tracker`) with the same marks:
 it hooks FSDP2's own parameter groups (sharded and unsharded parameters and gradients, all-gather and reduce-scatter
-buffers) rather than every parameter, so a frozen base needs no change there.
+buffers) rather than every parameter, so a frozen base needs no change there. One change: DTensor computes an op's
+output shape by running it on fake tensors of the global shape (`ShardingPropagator._propagate_tensor_meta_non_cached`,
+in `detect_fake_mode() or FakeTensorMode()`); FSDPMemTracker skips those ops when they run in another fake mode than
+its own, but under a fake-tensor plan DTensor detects the plan's own mode, and the optimizer step over sharded
+parameters then counted whole-size copies of every parameter, gradient and state (a 70B-shaped plan's states came
+out 34 times its shards; a real run's tracker sees none). `ShardedMemTracker` marks the propagation through the hook
+torch leaves around it (`ShardingPropagator._fake_mode_lock`, a nullcontext unless a test sets a lock) and does not
+track what runs inside.
 """
 
 from __future__ import annotations
@@ -165,8 +172,25 @@ class PeftMemTracker(StepMarks, MemTracker):
                 param.register_post_accumulate_grad_hook(lambda p: on_grad(p.grad)))
 
 
+class _PropagationMark:
+    """Stands where DTensor's shape propagation enters its lock (`ShardingPropagator._fake_mode_lock`): the lock it
+    replaces is still entered, and the tracker knows it is inside the propagation."""
+
+    def __init__(self, tracker: ShardedMemTracker, lock: Any) -> None:
+        self.tracker, self.lock = tracker, lock
+
+    def __enter__(self) -> None:
+        self.lock.__enter__()
+        self.tracker._propagating += 1
+
+    def __exit__(self, *exc: Any) -> Any:
+        self.tracker._propagating -= 1
+        return self.lock.__exit__(*exc)
+
+
 class ShardedMemTracker(StepMarks, FSDPMemTracker):
-    """FSDPMemTracker with the plan's marks (module docstring); `module` is the root FSDP module."""
+    """FSDPMemTracker with the plan's marks, DTensor's shape propagation left untracked (module docstring);
+    `module` is the root FSDP module."""
 
     categories = SHARDED_CATEGORIES
     static_types = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.BUFFER)
@@ -174,3 +198,25 @@ class ShardedMemTracker(StepMarks, FSDPMemTracker):
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         super().__init__(module, optimizer)
         self._init_marks()
+        self._propagating = 0
+        self._replaced_lock: Any = None
+
+    def __enter__(self) -> ShardedMemTracker:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        if self._depth == 0:
+            self._replaced_lock = ShardingPropagator._fake_mode_lock
+            ShardingPropagator._fake_mode_lock = _PropagationMark(self, self._replaced_lock)
+        return super().__enter__()
+
+    def __exit__(self, *args: Any) -> None:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        super().__exit__(*args)
+        if self._depth == 0:
+            ShardingPropagator._fake_mode_lock = self._replaced_lock
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+        if self._propagating:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
