@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="load dtype: auto (config.json's), bf16, fp16, fp32")
     p.add_argument("--gpu", help="the GPU's name (h100, a100-40gb, l4, rtx4090, …)")
     p.add_argument("--memory", help="the memory budget instead of --gpu: 24GiB, 80GB, bytes")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs in the launch (DDP: adds its buffers)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs in the launch: with fsdp / fsdp_config (or a DeepSpeed "
+                   "ZeRO-3 config) in the training arguments, one rank's step under FSDP; else DDP (adds its buffers)")
     p.add_argument("--packed", action="store_true", help="batches without padding (packing, or every row at the full "
                    "length): the model skips its attention mask (default: padded batches; SFTConfig(packing=True) "
                    "implies it)")

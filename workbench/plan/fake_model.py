@@ -44,6 +44,12 @@ class _DequantizingMatmul(torch.autograd.Function):
         return grad_out @ weight, None, None, None
 
 
+class Params4bit(nn.Parameter):
+    """A 4-bit weight's parameter, named as bitsandbytes' class: accelerate recognises bitsandbytes' weights by that
+    name (`fsdp2_prepare_model` leaves frozen non-floating ones out of FSDP sharding, and skips its fp32 upcast of the
+    trainable parameters when a model has any)."""
+
+
 class FourBitLinear(nn.Linear):
     """An nn.Linear whose weight is stored as bitsandbytes stores a 4-bit one (module docstring)."""
 
@@ -52,8 +58,8 @@ class FourBitLinear(nn.Linear):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         n = linear.in_features * linear.out_features
         device = linear.weight.device
-        self.weight = nn.Parameter(torch.empty((math.ceil(n / 2), 1), dtype=torch.uint8, device=device),
-                                   requires_grad=False)
+        self.weight = Params4bit(torch.empty((math.ceil(n / 2), 1), dtype=torch.uint8, device=device),
+                                 requires_grad=False)
         blocks = math.ceil(n / BLOCKSIZE)
         if double_quant:
             self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, device=device))

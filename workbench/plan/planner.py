@@ -9,8 +9,10 @@ Every number the plan states comes from a fake-tensor step of the user's model c
 (the memory above the weights and states grows linearly with the batch: activations); the largest sequence length
 from three (attention can grow with its square). A toggle is another step with that one change, except the optimizer
 ones, whose states are arithmetic on the trainable parameters (bitsandbytes' 8-bit Adam: 2 bytes a parameter for its
-two states plus the blockwise statistics), and FSDP over more GPUs, arithmetic on the measured categories
-(`fsdp_peak`; a fake FSDP step with FSDPMemTracker is not built yet).
+two states plus the blockwise statistics). FSDP — the training arguments' `fsdp` / `fsdp_config`, or a DeepSpeed ZeRO-3
+configuration planned as FSDP's full sharding, over `--gpus N` — is a fake step of one rank under accelerate's own
+FSDP2 preparation (`fsdp_step.sharded_step`), and so is the toggle "FSDP over N GPUs"; only when that step cannot run
+does the toggle fall back to arithmetic on the measured single-GPU categories (`fsdp_peak`), and it says so.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class Term:
 
 
 def terms_for(setup, step, gpus: int) -> list[Term]:
-    """The unseen.yaml lines that apply to this device and launch, in bytes."""
+    """The unseen.yaml lines that apply to this device and launch, in bytes (`when: ddp`: several GPUs without FSDP,
+    whose own buffers the sharded step measures)."""
     scale = {"activation_bytes": step.breakdown.get("activations", 0) + step.breakdown.get("temporaries", 0),
              "trainable_gradient_bytes": step.trainable_parameters * 4}
     out = []
@@ -87,6 +90,8 @@ def terms_for(setup, step, gpus: int) -> list[Term]:
         if row["device"] not in ("any", setup.device):
             continue
         if row["when"] == "distributed" and gpus <= 1:
+            continue
+        if row["when"] == "ddp" and (gpus <= 1 or setup.sharded):
             continue
         if "per" in row:
             base = scale[row["per"]]
@@ -144,6 +149,11 @@ class Plan(Displayable):
 
 
 def _step(setup):
+    """The measured step: one rank's under FSDP when the set-up shards, else the single-GPU one."""
+    if setup.sharded:
+        from workbench.plan.fsdp_step import sharded_step
+
+        return sharded_step(setup)
     from workbench.plan.step import fake_step
 
     return fake_step(setup)
@@ -201,9 +211,10 @@ FSDP_GPUS = (2, 4, 8)
 
 
 def fsdp_peak(plan: Plan, gpus: int) -> int:
-    """The peak per GPU under FSDP's full sharding on `gpus` GPUs, from the measured step: weights, gradients and
-    optimizer states divided among the ranks (FSDP2's fully_shard, ZeRO-3), activations and temporaries whole on
-    each, plus one layer's parameters all-gathered and the next one prefetched (two units of weights / layers)."""
+    """The fallback when no FSDP step can be measured: the peak per GPU under FSDP's full sharding on `gpus` GPUs,
+    from the measured single-GPU step: weights, gradients and optimizer states divided among the ranks (FSDP2's
+    fully_shard, ZeRO-3), activations and temporaries whole on each, plus one layer's parameters all-gathered and the
+    next one prefetched (two units of weights / layers)."""
     b = plan.step.breakdown
     sharded = b.get("weights", 0) + b.get("buffers", 0) + b.get("gradients", 0) + b.get("optimizer states", 0)
     layers = max(1, int(getattr(plan.setup.config, "num_hidden_layers", 1) or 1))
@@ -213,15 +224,39 @@ def fsdp_peak(plan: Plan, gpus: int) -> int:
 
 
 def _fsdp_toggle(plan: Plan) -> dict[str, Any] | None:
-    """The fewest GPUs under FSDP full sharding that fit the budget (or 8 when none does)."""
+    """The fewest GPUs under FSDP full sharding (of 2 / 4 / 8, more than the plan's own) that fit the budget, or 8
+    when none does: each a measured FSDP step of the set-up (its fsdp_config, else transformers' default FSDP), or,
+    when that step cannot run here, the arithmetic fallback on the single-GPU step, saying so."""
+    from workbench.plan.fsdp import transformers_default_plugin_args
+
     if plan.budget_bytes is None:
         return None
-    chosen = next((n for n in FSDP_GPUS if fsdp_peak(plan, n) <= plan.budget_bytes), FSDP_GPUS[-1])
-    toggle = _toggle(plan, f"FSDP over {chosen} GPUs", f"fsdp='full_shard' (FSDP2 fully_shard / ZeRO-3) on {chosen} "
-                     "GPUs: weights, gradients and optimizer states sharded, activations whole on each",
-                     fsdp_peak(plan, chosen))
-    toggle["computed"] = ("arithmetic on the measured step: (weights + gradients + states) / GPUs + activations + "
-                          "two layers' weights gathered; not a fake FSDP step")
+    setup = plan.setup
+    candidates = [n for n in FSDP_GPUS if n > (setup.gpus if setup.sharded else 1)]
+    if not candidates:
+        return None
+    sharded = setup.replace(fsdp=setup.fsdp or transformers_default_plugin_args(),
+                            fsdp_source=setup.fsdp_source or "transformers' default: TrainingArguments(fsdp=True)")
+    peak, failed = 0, None
+    for chosen in candidates:
+        try:
+            peak = _planned(sharded.replace(gpus=chosen), chosen)
+        except Exception as exc:  # noqa: BLE001 - any refusal of the sharded step: the labelled fallback instead
+            failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
+            break
+        if peak <= plan.budget_bytes:
+            break
+    if failed is not None and setup.sharded:
+        return None  # a plan already sharded has no single-GPU categories to fall back on
+    if failed is not None:
+        chosen = next((n for n in FSDP_GPUS if fsdp_peak(plan, n) <= plan.budget_bytes), FSDP_GPUS[-1])
+        peak = fsdp_peak(plan, chosen)
+    toggle = _toggle(plan, f"FSDP over {chosen} GPUs", f"fsdp=True (FSDP2 fully_shard, as ZeRO-3 shards) on {chosen} "
+                     "GPUs: weights, gradients and optimizer states sharded, activations whole on each", peak)
+    toggle["computed"] = (f"measured: a fake step of one rank of {chosen} under accelerate's fsdp2_prepare_model "
+                          f"({sharded.fsdp_source}), tracked by FSDPMemTracker" if failed is None else
+                          f"arithmetic fallback, not measured (the fake FSDP step failed: {failed}): (weights + "
+                          "gradients + states) / GPUs + activations + two layers' weights gathered")
     return toggle
 
 
@@ -229,8 +264,11 @@ def _toggles(plan: Plan) -> list[dict[str, Any]]:
     setup, out = plan.setup, []
     args = setup.args
     if not args.gradient_checkpointing:
-        changed = dataclasses.replace(args, gradient_checkpointing=True,
-                                      gradient_checkpointing_kwargs={"use_reentrant": False})
+        from workbench.probes.train.configuration import gpu_configuration
+
+        with gpu_configuration():  # rebuilt as on the GPU the arguments were written for (bf16 is checked there)
+            changed = dataclasses.replace(args, gradient_checkpointing=True,
+                                          gradient_checkpointing_kwargs={"use_reentrant": False})
         out.append(_toggle(plan, "gradient checkpointing", "gradient_checkpointing=True, "
                            "gradient_checkpointing_kwargs={'use_reentrant': False}",
                            _planned(setup.replace(args=changed), plan.gpus)))
@@ -242,6 +280,7 @@ def _toggles(plan: Plan) -> list[dict[str, Any]]:
     optim = getattr(args.optim, "value", str(args.optim))
     if states and not any(word in optim for word in ("8bit", "bnb", "paged")):
         eight = 2 * plan.step.trainable_parameters + 2 * 4 * math.ceil(plan.step.trainable_parameters / 2048)
+        eight //= setup.gpus if setup.sharded else 1  # sharded with the parameters, as the fp32 states are
         out.append(_toggle(plan, "8-bit optimizer", "optim='adamw_bnb_8bit' (bitsandbytes AdamW8bit: two uint8 "
                            "states a parameter, fp32 absmax per 2048)", plan.peak_bytes - states + eight))
     out.append(_toggle(plan, "half the sequence", f"max_length={setup.seq // 2}",
@@ -256,10 +295,16 @@ def _toggles(plan: Plan) -> list[dict[str, Any]]:
     return sorted(out, key=lambda t: -t["saves_bytes"])
 
 
-def make_plan(setup, *, budget_bytes: int | None = None, budget_name: str | None = None, gpus: int = 1,
+def make_plan(setup, *, budget_bytes: int | None = None, budget_name: str | None = None, gpus: int | None = None,
               explore: bool = True) -> Plan:
+    """The plan of the set-up's step; `gpus` (else the set-up's own `--gpus`) ranks in the launch."""
+    if gpus is not None and gpus != setup.gpus:
+        setup = setup.replace(gpus=gpus)
     step = _step(setup)
-    plan = Plan(setup, step, terms_for(setup, step, gpus), gpus, budget_bytes, budget_name)
+    if setup.fsdp is not None and not setup.sharded:
+        step.notes.append(f"FSDP is configured ({setup.fsdp_source}) but the launch has one GPU: planned unsharded; "
+                          "--gpus N plans one rank of N")
+    plan = Plan(setup, step, terms_for(setup, step, setup.gpus), setup.gpus, budget_bytes, budget_name)
     if budget_bytes is not None and explore:
         plan.largest_batch = _largest_batch(plan)
         plan.largest_seq = _largest_seq(plan)

@@ -76,9 +76,17 @@ class PlanSetup:
     device: str
     dtype: Any  # the load dtype (torch.dtype)
     packed: bool = False  # batches without padding (packing, or every row at max_length): no attention mask
+    gpus: int = 1  # ranks of the launch (--gpus)
+    fsdp: dict[str, Any] | None = None  # FSDP plugin arguments, as the Trainer hands them to accelerate
+    fsdp_source: str | None = None  # where they came from, in words
 
     def replace(self, **changes: Any) -> PlanSetup:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP over more than one rank: the step is planned per rank under fully_shard (`fsdp_step`)."""
+        return self.fsdp is not None and self.gpus > 1
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -90,7 +98,8 @@ class PlanSetup:
                 "seq_source": self.seq_source, "gradient_checkpointing": self.gradient_checkpointing,
                 "optimizer": getattr(self.args.optim, "value", str(self.args.optim)), "bf16": bool(self.args.bf16), "fp16": bool(self.args.fp16),
                 "gradient_accumulation_steps": self.args.gradient_accumulation_steps, "device": self.device,
-                "dtype": str(self.dtype).removeprefix("torch."), "packed": self.packed}
+                "dtype": str(self.dtype).removeprefix("torch."), "packed": self.packed, "gpus": self.gpus,
+                "fsdp": self.fsdp if self.sharded else None, "fsdp_source": self.fsdp_source}
 
 
 def read_peft(path: str) -> dict[str, Any]:
@@ -111,6 +120,8 @@ def read_peft(path: str) -> dict[str, Any]:
 
 
 def _arguments(training_args: str | None, overrides: dict[str, Any]):
+    """(the TrainingArguments, where they came from, the `deepspeed` field taken out: DeepSpeed is not installed
+    here, and TrainingArguments refuses the field without it)."""
     from workbench.probes.train.configuration import build_arguments, read_training_args_file
 
     if training_args:
@@ -121,12 +132,55 @@ def _arguments(training_args: str | None, overrides: dict[str, Any]):
 
         cls, fields, source = TrainingArguments, {}, "the TrainingArguments defaults"
     fields = {**fields, **{k: v for k, v in overrides.items() if v is not None}}
-    return build_arguments(cls, fields, "--training-args"), source
+    deepspeed = fields.pop("deepspeed", None)
+    return build_arguments(cls, fields, "--training-args"), source, deepspeed
+
+
+def _sharding(args, deepspeed) -> tuple[dict[str, Any] | None, str | None]:
+    """The FSDP plugin arguments the run would use and where they come from: the Trainer's own `fsdp_plugin_args`
+    (from `fsdp` / `fsdp_config`), or a DeepSpeed ZeRO-3 configuration planned as FSDP's full sharding (the same
+    sharding of parameters, gradients and optimizer states; DeepSpeed is not installed here, so its own buffers are
+    not modelled). A set-up the planner cannot shard on fake tensors is one line (UsageError)."""
+    from workbench.plan.fsdp import transformers_default_plugin_args
+
+    if deepspeed is not None:
+        stage, offload = _zero_stage(deepspeed)
+        if stage != 3:
+            raise UsageError(f"deepspeed ZeRO stage {stage}: not planned (DeepSpeed is not installed here; ZeRO-3 is "
+                             "planned as FSDP's full sharding, stages 1 and 2 have no FSDP equivalent)")
+        if offload:
+            raise UsageError(f"deepspeed ZeRO-3 with {offload}: offloading is not planned (the plan's fake tensors "
+                             "cannot tell host memory from the GPU's)")
+        return transformers_default_plugin_args(), ("deepspeed ZeRO-3, planned as FSDP2 full sharding (fully_shard: the same "
+                                           "sharding of parameters, gradients and optimizer states; DeepSpeed itself "
+                                           "is not installed here and its buffers are not modelled)")
+    plugin_args = getattr(args, "fsdp_plugin_args", None) if getattr(args, "fsdp", None) else None
+    if not plugin_args:
+        return None, None
+    if plugin_args.get("cpu_offload"):
+        raise UsageError("fsdp_config cpu_offload: offloading is not planned (the plan's fake tensors cannot tell "
+                         "host memory from the GPU's)")
+    return dict(plugin_args), "the training arguments' fsdp / fsdp_config"
+
+
+def _zero_stage(deepspeed) -> tuple[int | None, str | None]:
+    """(ZeRO stage, the offload it asks for or None) of a DeepSpeed configuration: a dict or a JSON file."""
+    if not isinstance(deepspeed, dict):
+        path = Path(str(deepspeed)).expanduser()
+        try:
+            deepspeed = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"deepspeed {path}: not a readable DeepSpeed JSON configuration ({exc})") from None
+    zero = deepspeed.get("zero_optimization") or {}
+    offload = next((k for k in ("offload_param", "offload_optimizer")
+                    if str((zero.get(k) or {}).get("device", "none")).lower() not in ("none", "")), None)
+    stage = zero.get("stage")
+    return (int(stage) if isinstance(stage, (int, str)) and str(stage).isdigit() else None), offload
 
 
 def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str | None = None, setup: str = "plain",
                seq: int | None = None, batch: int | None = None, device: str = "cuda", dtype: str = "auto",
-               base: str | None = None, packed: bool | None = None) -> PlanSetup:
+               base: str | None = None, packed: bool | None = None, gpus: int = 1) -> PlanSetup:
     """Resolve the checkpoint's config (headers only: no weight is read) and the training set-up; UsageError on bad
     input."""
     import torch
@@ -135,8 +189,8 @@ def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str |
 
     if setup not in SETUPS:
         raise UsageError(f"--setup {setup}: the planner knows {', '.join(SETUPS)}")
-    if seq is not None and seq < 1 or batch is not None and batch < 1:
-        raise UsageError("--seq and --batch: use 1 or more")
+    if seq is not None and seq < 1 or batch is not None and batch < 1 or gpus < 1:
+        raise UsageError("--seq, --batch and --gpus: use 1 or more")
     model_dir = config_folder(checkpoint, base)  # a config.json alone is enough: no weight is read
     folder = Path(checkpoint).expanduser()
     adapter_dir = folder if (folder / "adapter_config.json").is_file() else None
@@ -152,7 +206,8 @@ def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str |
         peft_fields, peft_source = read_peft(peft), peft
     elif adapter_dir is not None:
         peft_fields, peft_source = read_peft(str(adapter_dir)), str(adapter_dir)
-    args, args_source = _arguments(training_args, {"per_device_train_batch_size": batch})
+    args, args_source, deepspeed = _arguments(training_args, {"per_device_train_batch_size": batch})
+    fsdp, fsdp_source = _sharding(args, deepspeed)
     plannable_class(config)
     limit = position_limit(config)
     if seq is None:
@@ -177,4 +232,5 @@ def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str |
     if packed is None:  # trl's SFTConfig(packing=True) packs rows without padding
         packed = bool(getattr(args, "packing", False))
     return PlanSetup(checkpoint, Path(model_dir), config, setup, peft_fields, peft_source, args, args_source,
-                     int(args.per_device_train_batch_size), int(seq), seq_source, device, load_dtype, packed)
+                     int(args.per_device_train_batch_size), int(seq), seq_source, device, load_dtype, packed, gpus,
+                     fsdp, fsdp_source)

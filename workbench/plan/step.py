@@ -19,6 +19,7 @@ import torch
 
 from workbench.model.setups import lora_config_for
 from workbench.plan.cpu_allocator import glibc_peak
+from workbench.plan.depth import extended
 from workbench.plan.fake_model import describe_trainable, on_fake_storage, output_head_names, quantize_4bit
 from workbench.plan.setup import NotPlannable, plannable_class
 from workbench.plan.tracker import PeftMemTracker
@@ -45,14 +46,15 @@ class StepMemory:
     timeline_layers: int | None = None  # a deep stack's timeline is its short copy's: its layer count
 
 
-def _meta_model(setup):
-    """The model on the meta device, wrapped as the set-up wraps it."""
+def build_model(setup, device: str = "meta"):
+    """The model on the meta device (or built with random weights on `device`: the real runs the tests hold the plan
+    to), wrapped as the set-up wraps it."""
     from transformers import AutoModelForCausalLM
 
     config = setup.config
     model_class = plannable_class(config)
     notes: list[str] = []
-    with torch.device("meta"):
+    with torch.device(device):
         if model_class is not None:
             model = model_class._from_config(config, dtype=setup.dtype)
         else:
@@ -86,7 +88,7 @@ def _meta_model(setup):
     return model, notes
 
 
-def _optimizer(setup, model):
+def trainer_optimizer(setup, model):
     from transformers import Trainer
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -102,7 +104,7 @@ def _autocast(setup, device: str):
     return contextlib.nullcontext()
 
 
-def _inputs(setup, device: str) -> dict[str, torch.Tensor]:
+def training_batch(setup, device: str) -> dict[str, torch.Tensor]:
     """A batch as the Trainer's padding collators give it: with an attention mask, which a fake tensor cannot show
     to be all ones, so the model builds its 4D mask (and, for grouped-query attention, repeats the key/value heads
     for SDPA) as it does for any batch with padding — the largest batches of a run have some. `setup.packed`
@@ -127,68 +129,19 @@ def _label_shape(setup) -> tuple[int, ...]:
     return (setup.batch, setup.seq)
 
 
-LAYER_COUNT = "num_hidden_layers"
-SHORT_STACKS = (2, 4)  # the depths a deep homogeneous stack is measured at
-# config fields that make a decoder stack non-uniform (a dense prefix before MoE layers, MoE every k-th layer, …):
-# with any of them set, the whole depth is run
-NON_UNIFORM = ("first_k_dense_replace", "mlp_only_layers", "decoder_sparse_step", "moe_layer_freq",
-               "num_dense_layers", "dense_layers", "cross_attention_layers", "full_attn_idxs", "attn_layer_indices")
-
-
-def uniform_depth(config) -> int | None:
-    """The number of identical decoder layers, when every layer is alike (no per-layer list that differs, none of
-    NON_UNIFORM set); None otherwise."""
-    depth = getattr(config, LAYER_COUNT, None)
-    if not isinstance(depth, int) or depth <= max(SHORT_STACKS):
-        return None
-    for key, value in config.to_dict().items():
-        if key in NON_UNIFORM and value not in (None, 0, 1, [], False):
-            return None
-        if isinstance(value, list) and len(value) == depth and len({str(v) for v in value}) > 1:
-            return None
-    return depth
-
-
 def fake_step(setup) -> StepMemory:
-    """The memory of the set-up's training steps, on fake tensors (module docstring). A deep stack of identical
-    layers (uniform_depth) is measured at 2 and 4 layers and extended to its depth: each figure is affine in the
-    number of layers (weights, states and saved activations a layer, the step's peak moment repeating itself), which
-    the tests hold against the whole depth: exact on a 90M Qwen2 and a 70B-shaped Llama's peak, within a thousandth
-    on a tiny model, where the peak's moment shifts between categories); the CPU's allocator replay is not affine,
-    so a CPU plan runs every layer."""
-    depth = uniform_depth(setup.config) if setup.device == "cuda" else None
-    if depth is None:
-        return _stepped(setup)
-    import copy
-
-    short = []
-    for layers in SHORT_STACKS:
-        config = copy.deepcopy(setup.config)
-        setattr(config, LAYER_COUNT, layers)
-        short.append(_stepped(setup.replace(config=config)))
-    (a, b), (ma, mb) = SHORT_STACKS, short
-
-    def at_depth(x: float, y: float) -> int:
-        return int(round(x + (y - x) / (b - a) * (depth - a)))
-
-    breakdown = {k: at_depth(ma.breakdown.get(k, 0), mb.breakdown.get(k, 0)) for k in mb.breakdown}
-    notes = [*mb.notes, f"{depth} identical layers: measured at {a} and {b} layers and extended to {depth} (every "
-                        "figure is affine in the depth); the top modules are those of the 4-layer copy"]
-    return StepMemory(at_depth(ma.peak_bytes, mb.peak_bytes), breakdown, mb.phase,
-                      at_depth(ma.first_step_peak_bytes, mb.first_step_peak_bytes),
-                      at_depth(ma.weights_bytes, mb.weights_bytes), mb.top_modules,
-                      at_depth(ma.trainable_parameters, mb.trainable_parameters),
-                      at_depth(ma.parameters, mb.parameters), mb.optimizer, ma.seconds + mb.seconds, notes, None,
-                      mb.timeline, mb.phase_ends, b)
+    """The memory of the set-up's training steps, on fake tensors (module docstring); a deep stack of identical
+    layers measured short and extended (`depth.extended`)."""
+    return extended(setup, lambda short: value_independent(_fake_step, short))
 
 
-def _stepped(setup) -> StepMemory:
-    """_fake_step, with an operator whose output shape depends on the tensors' values (DeBERTa-v2's
+def value_independent(step, setup) -> StepMemory:
+    """`step(setup)` (a fake step), with an operator whose output shape depends on the tensors' values (DeBERTa-v2's
     `nonzero` in its relative positions) refused as NotPlannable: fake tensors hold no values to decide it."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
     try:
-        return _fake_step(setup)
+        return step(setup)
     except (DynamicOutputShapeException, DataDependentOutputException) as exc:
         name = (getattr(setup.config, "architectures", None) or [type(setup.config).__name__])[0]
         raise NotPlannable(f"{name}'s code runs {exc.func if hasattr(exc, 'func') else exc}, "
@@ -196,49 +149,67 @@ def _stepped(setup) -> StepMemory:
                            "so its step cannot be planned") from None
 
 
-def _fake_step(setup) -> StepMemory:
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def enable_checkpointing(setup, model) -> None:
+    """Gradient checkpointing as the Trainer turns it on, before the model is prepared (sharded) for the run."""
+    if setup.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=setup.args.gradient_checkpointing_kwargs)
+        if getattr(model, "config", None) is not None:
+            model.config.use_cache = False
 
-    start = time.monotonic()
-    model, notes = _meta_model(setup)
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    # a fake CUDA device needs no GPU, but a torch built with CUDA: FakeTensorMode answers for it there; a CPU-only
-    # build plans the CUDA step on fake CPU tensors (the CPU's kernels and autocast lists), and says so
+
+def run_steps(setup, model, optimizer, inputs, tracker, device: str) -> int:
+    """The Trainer's STEPS training steps under `tracker` (entered by the caller): the forward and the loss under
+    the set-up's autocast, backward (through a GradScaler under fp16), the optimizer step, zero_grad; each phase
+    marked. Returns the first step's peak."""
+    scaler = torch.amp.GradScaler(device, enabled=bool(setup.args.fp16))
+    first = 0
+    for step in range(STEPS):
+        with _autocast(setup, device):
+            loss = model(**inputs).loss / setup.args.gradient_accumulation_steps
+        tracker.phase(f"forward (step {step + 1})")
+        scaler.scale(loss).backward()
+        del loss
+        tracker.phase(f"backward (step {step + 1})")
+        scaler.step(optimizer)
+        scaler.update()
+        tracker.phase(f"optimizer step (step {step + 1})")
+        optimizer.zero_grad(set_to_none=True)
+        if step == 0:
+            first = tracker.breakdown()["total"]
+            tracker.reset_mod_stats()  # per-module statistics are per iteration; the peak is kept
+    return first
+
+
+def fake_device(setup, notes: list[str]) -> str:
+    """Where the fake tensors live: a fake CUDA device needs no GPU, but a torch built with CUDA (FakeTensorMode
+    answers for it there); a CPU-only build plans the CUDA step on fake CPU tensors (the CPU's kernels and autocast
+    lists), and says so in `notes`."""
     device = "cuda" if setup.device == "cuda" and torch.backends.cuda.is_built() else "cpu"
     if setup.device == "cuda" and device == "cpu":
         notes.append(f"torch {torch.__version__} is a CPU-only build: the CUDA step was planned on fake CPU tensors "
                      "(CPU kernels and autocast lists; CUDA's caching allocator and context are the unseen lines)")
+    return device
+
+
+def _fake_step(setup) -> StepMemory:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    start = time.monotonic()
+    model, notes = build_model(setup)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    device = fake_device(setup, notes)
     on_fake_storage(model, fake_mode, device)
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     counts = describe_trainable(model)
     with fake_mode:
-        if setup.gradient_checkpointing:
-            kwargs = setup.args.gradient_checkpointing_kwargs
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-            if getattr(model, "config", None) is not None:
-                model.config.use_cache = False
+        enable_checkpointing(setup, model)
         model.train()
-        optimizer, optimizer_name = _optimizer(setup, model)
-        inputs = _inputs(setup, device)
-        scaler = torch.amp.GradScaler(device, enabled=bool(setup.args.fp16))
+        optimizer, optimizer_name = trainer_optimizer(setup, model)
+        inputs = training_batch(setup, device)
         tracker = PeftMemTracker()
         tracker.track_external(model, optimizer)
-        first = 0
         with tracker:
-            for step in range(STEPS):
-                with _autocast(setup, device):
-                    loss = model(**inputs).loss / setup.args.gradient_accumulation_steps
-                tracker.phase(f"forward (step {step + 1})")
-                scaler.scale(loss).backward()
-                del loss
-                tracker.phase(f"backward (step {step + 1})")
-                scaler.step(optimizer)
-                scaler.update()
-                tracker.phase(f"optimizer step (step {step + 1})")
-                optimizer.zero_grad(set_to_none=True)
-                if step == 0:
-                    first = tracker.breakdown()["total"]
-                    tracker.reset_mod_stats()  # per-module statistics are per iteration; the peak is kept
+            first = run_steps(setup, model, optimizer, inputs, tracker, device)
         breakdown = tracker.breakdown()
     allocator = None
     if setup.device == "cpu":

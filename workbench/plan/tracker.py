@@ -10,6 +10,17 @@ operator (torch's loop made a 90M model's two steps take 50 s); everything else 
 private methods of torch 2.13 (`_track_module_params_and_buffers`, `_update_peak_stats`, `_update_snap`): the
 pinned torch; tests/plan holds them to a real tracker's numbers. `phase(name)` records the peak reached by the end of each phase
 (forward, backward, optimizer step), so the phase of the overall peak is known.
+
+`ShardedMemTracker` is torch's `FSDPMemTracker` (`torch.distributed._tools.fsdp2_mem_tracker`) with the same marks:
+it hooks FSDP2's own parameter groups (sharded and unsharded parameters and gradients, all-gather and reduce-scatter
+buffers) rather than every parameter, so a frozen base needs no change there. One change: DTensor computes an op's
+output shape by running it on fake tensors of the global shape (`ShardingPropagator._propagate_tensor_meta_non_cached`,
+in `detect_fake_mode() or FakeTensorMode()`); FSDPMemTracker skips those ops when they run in another fake mode than
+its own, but under a fake-tensor plan DTensor detects the plan's own mode, and the optimizer step over sharded
+parameters then counted whole-size copies of every parameter, gradient and state (a 70B-shaped plan's states came
+out 34 times its shards; a real run's tracker sees none). `ShardedMemTracker` marks the propagation through the hook
+torch leaves around it (`ShardingPropagator._fake_mode_lock`, a nullcontext unless a test sets a lock) and does not
+track what runs inside.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from copy import deepcopy
 from typing import Any
 
 import torch
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _UpdateType
 
 CATEGORIES = {  # MemTracker's reference types -> the names the plan reports
@@ -25,61 +37,40 @@ CATEGORIES = {  # MemTracker's reference types -> the names the plan reports
     _MemRefType.ACT: "activations", _MemRefType.TEMP: "temporaries", _MemRefType.OPT: "optimizer states",
     _MemRefType.OTH: "other",
 }
+# FSDPMemTracker's reference types -> the plan's names: this rank's shards keep the single-device names (weights,
+# gradients), what FSDP gathers or stages around a collective is its own line
+SHARDED_CATEGORIES = {
+    _FSDPRefType.SHARDED_PARAM: "weights", _FSDPRefType.UNSHARDED_PARAM: "unsharded weights",
+    _FSDPRefType.BUFFER: "buffers", _FSDPRefType.SHARDED_GRAD: "gradients",
+    _FSDPRefType.UNSHARDED_GRAD: "unsharded gradients", _FSDPRefType.ACT: "activations",
+    _FSDPRefType.TEMP: "temporaries", _FSDPRefType.ALL_GATHER: "all-gather buffers",
+    _FSDPRefType.REDUCE_SCATTER: "reduce-scatter buffers", _FSDPRefType.OPT: "optimizer states",
+    _FSDPRefType.INP: "inputs",
+}
 
 
-class PeftMemTracker(MemTracker):
-    def __init__(self) -> None:
-        super().__init__()
+class StepMarks:
+    """What the plan reads from a tracker, for MemTracker and FSDPMemTracker alike: the breakdown in the plan's
+    names, the phase marks, the allocation trace (weights and buffers excluded) and the timeline drawn from it."""
+
+    categories: dict[Any, str] = CATEGORIES
+    static_types: tuple[Any, ...] = (_MemRefType.PARAM, _MemRefType.BUFFER)  # present before the step: not traced
+
+    def _init_marks(self) -> None:
         self.phases: list[tuple[str, int, dict[str, int]]] = []  # (phase, peak so far, its breakdown)
-        # the allocation trace of what the step creates (weights and buffers excluded): (+bytes | -bytes, storage
-        # key), in order; an allocator model replays it (cpu_allocator)
+        # the allocation trace of what the step creates: (+bytes | -bytes, storage key), in order; an allocator
+        # model replays it (cpu_allocator)
         self.trace: list[tuple[int, int]] = []
         self.phase_ends: list[tuple[str, int]] = []  # (phase, trace length at its end): the timeline's marks
-        self._stats_by_fqn: dict[str, Any] = {}
-
-    def _update_peak_stats(self, peak_state) -> None:
-        """MemTracker's own update, visiting the modules now running (ModTracker's parents) instead of every module
-        of the model on every operator: the same statistics, in time linear in the operators (a 70B-shaped model has
-        some two thousand modules)."""
-        if len(self._stats_by_fqn) != len(self.memory_tracking):
-            self._stats_by_fqn = {stats.mod_fqn: stats for stats in self.memory_tracking.values()}
-        current = self._curr_mem_snap
-        for fqn in self._mod_tracker.parents:
-            stats = self._stats_by_fqn.get(fqn)
-            if stats is None or peak_state not in stats.snapshots:
-                continue
-            for dev, dev_snap in current.items():
-                if stats.local_peak.get(dev, 0) < dev_snap["Total"]:
-                    stats.local_peak[dev] = dev_snap["Total"]
-                    stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
-        for dev, dev_snap in current.items():
-            if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
-                self._peak_mem[dev] = dev_snap["Total"]
-                self._peak_mem_snap[dev] = deepcopy(dev_snap)
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
         super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
-        if winfo.reftype in (_MemRefType.PARAM, _MemRefType.BUFFER) and u_type != _UpdateType.DEL:
+        if winfo.reftype in self.static_types and u_type != _UpdateType.DEL:
             return
         if u_type == _UpdateType.ADD:
             self.trace.append((winfo.size * winfo.element_size, id(winfo)))
         elif u_type == _UpdateType.DEL:
             self.trace.append((-1, id(winfo)))
-
-    def _track_module_params_and_buffers(self, module: torch.nn.Module, install_grad_hooks: bool = True):
-        tracked = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
-        if install_grad_hooks:
-            for param in module.parameters():
-                if param.requires_grad and self._param_to_grad_hook_handles.get(param, None) is None:
-                    self._param_to_grad_hook_handles[param] = self._grad_hooks(param)
-        return tracked
-
-    def _grad_hooks(self, param: torch.Tensor) -> tuple[Any, Any]:
-        def on_grad(grad: torch.Tensor) -> None:
-            self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
-
-        return (param.register_hook(on_grad),
-                param.register_post_accumulate_grad_hook(lambda p: on_grad(p.grad)))
 
     def breakdown(self, which: str = "peak") -> dict[str, int]:
         """Bytes per category (and "total") of the tracked device, at the peak or now."""
@@ -87,7 +78,7 @@ class PeftMemTracker(MemTracker):
         if not snapshot:
             return {"total": 0}
         per_device = next(iter(snapshot.values()))
-        out = {CATEGORIES[k]: v for k, v in per_device.items() if k in CATEGORIES}
+        out = {self.categories[k]: v for k, v in per_device.items() if k in self.categories}
         out["total"] = per_device.get("Total", sum(out.values()))
         return out
 
@@ -122,7 +113,8 @@ class PeftMemTracker(MemTracker):
         return next(name for name, peak, _ in self.phases if peak == top)
 
     def top_modules(self, n: int = 8) -> list[dict[str, Any]]:
-        """The modules whose forward or backward saw the most memory, deepest first among equals."""
+        """The modules whose forward or backward saw the most memory, deepest first among equals (FSDPMemTracker
+        follows the FSDP units only, and records no output sizes: its rows rank by peak)."""
         rows = []
         for module, stats in self.memory_tracking.items():
             fqn = getattr(stats, "mod_fqn", "")
@@ -136,3 +128,95 @@ class PeftMemTracker(MemTracker):
                          "output_bytes": outputs, "parameter_bytes": getattr(stats, "parameter_mem", 0)})
         rows.sort(key=lambda r: (-r["output_bytes"], -r["peak_bytes"]))
         return rows[:n]
+
+
+class PeftMemTracker(StepMarks, MemTracker):
+    def __init__(self) -> None:
+        super().__init__()
+        self._init_marks()
+        self._stats_by_fqn: dict[str, Any] = {}
+
+    def _update_peak_stats(self, peak_state) -> None:
+        """MemTracker's own update, visiting the modules now running (ModTracker's parents) instead of every module
+        of the model on every operator: the same statistics, in time linear in the operators (a 70B-shaped model has
+        some two thousand modules)."""
+        if len(self._stats_by_fqn) != len(self.memory_tracking):
+            self._stats_by_fqn = {stats.mod_fqn: stats for stats in self.memory_tracking.values()}
+        current = self._curr_mem_snap
+        for fqn in self._mod_tracker.parents:
+            stats = self._stats_by_fqn.get(fqn)
+            if stats is None or peak_state not in stats.snapshots:
+                continue
+            for dev, dev_snap in current.items():
+                if stats.local_peak.get(dev, 0) < dev_snap["Total"]:
+                    stats.local_peak[dev] = dev_snap["Total"]
+                    stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
+        for dev, dev_snap in current.items():
+            if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
+                self._peak_mem[dev] = dev_snap["Total"]
+                self._peak_mem_snap[dev] = deepcopy(dev_snap)
+
+    def _track_module_params_and_buffers(self, module: torch.nn.Module, install_grad_hooks: bool = True):
+        tracked = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+        if install_grad_hooks:
+            for param in module.parameters():
+                if param.requires_grad and self._param_to_grad_hook_handles.get(param, None) is None:
+                    self._param_to_grad_hook_handles[param] = self._grad_hooks(param)
+        return tracked
+
+    def _grad_hooks(self, param: torch.Tensor) -> tuple[Any, Any]:
+        def on_grad(grad: torch.Tensor) -> None:
+            self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+        return (param.register_hook(on_grad),
+                param.register_post_accumulate_grad_hook(lambda p: on_grad(p.grad)))
+
+
+class _PropagationMark:
+    """Stands where DTensor's shape propagation enters its lock (`ShardingPropagator._fake_mode_lock`): the lock it
+    replaces is still entered, and the tracker knows it is inside the propagation."""
+
+    def __init__(self, tracker: ShardedMemTracker, lock: Any) -> None:
+        self.tracker, self.lock = tracker, lock
+
+    def __enter__(self) -> None:
+        self.lock.__enter__()
+        self.tracker._propagating += 1
+
+    def __exit__(self, *exc: Any) -> Any:
+        self.tracker._propagating -= 1
+        return self.lock.__exit__(*exc)
+
+
+class ShardedMemTracker(StepMarks, FSDPMemTracker):
+    """FSDPMemTracker with the plan's marks, DTensor's shape propagation left untracked (module docstring);
+    `module` is the root FSDP module."""
+
+    categories = SHARDED_CATEGORIES
+    static_types = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.BUFFER)
+
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        super().__init__(module, optimizer)
+        self._init_marks()
+        self._propagating = 0
+        self._replaced_lock: Any = None
+
+    def __enter__(self) -> ShardedMemTracker:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        if self._depth == 0:
+            self._replaced_lock = ShardingPropagator._fake_mode_lock
+            ShardingPropagator._fake_mode_lock = _PropagationMark(self, self._replaced_lock)
+        return super().__enter__()
+
+    def __exit__(self, *args: Any) -> None:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        super().__exit__(*args)
+        if self._depth == 0:
+            ShardingPropagator._fake_mode_lock = self._replaced_lock
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+        if self._propagating:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)

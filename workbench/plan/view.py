@@ -23,7 +23,9 @@ def plan_view(plan) -> Display:
     what = (f"{s['setup']} set-up, batch {s['batch']} × seq {s['seq']} ({s['seq_source']}), "
             f"gradient checkpointing {'on' if s['gradient_checkpointing'] else 'off'}, optimizer {d['optimizer']}, "
             f"{'bf16' if s['bf16'] else 'fp16' if s['fp16'] else 'fp32'} autocast, {d['trainable_parameters']:,} of "
-            f"{d['parameters']:,} parameters trainable, device {s['device']}")
+            f"{d['parameters']:,} parameters trainable, device {s['device']}"
+            + (f", FSDP over {s['gpus']} GPUs: the figures are one rank's" if s["fsdp"] else
+               f", {s['gpus']} GPUs (DDP)" if s["gpus"] > 1 else ""))
     rows = [[k, gib(v)] for k, v in d["breakdown"].items() if not k.startswith("unseen") and v]
     rows += [[Inline(Bold("unseen: "), t["id"]), f"{gib(t['bytes'])}"
               + (f" ({gib(t['low'])} … {gib(t['high'])})" if t.get("low") is not None else "")]
