@@ -31,7 +31,7 @@ def _trl_runs():
     return trl_runs
 
 
-def build_lora_run(root: Path) -> Path:
+def build_lora_run(root: Path, checkpoints: int = CHECKPOINTS) -> Path:
     """The healthy run: root/base (the tiny Llama, its tokenizer without the pad) and root/healthy (output_dir)."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -52,7 +52,7 @@ def build_lora_run(root: Path) -> Path:
         rows = [{"input_ids": ids, "labels": list(ids)}
                 for ids in torch.randint(3, len(tok) - 1, (24, 10), generator=generator).tolist()]
         out = root / "healthy"
-        arguments = TrainingArguments(output_dir=str(out), max_steps=CHECKPOINTS, save_steps=1, logging_steps=1,
+        arguments = TrainingArguments(output_dir=str(out), max_steps=checkpoints, save_steps=1, logging_steps=1,
                                       per_device_train_batch_size=4, learning_rate=1e-2, report_to=[], seed=0,
                                       use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, save_only_model=True)
         Trainer(model=model, args=arguments, train_dataset=rows, processing_class=tok).train()
