@@ -34,9 +34,9 @@ def sweep_command(args) -> int:
     if args.engine == "ray":  # refused before any folder is made: Ray missing, nothing at --address
         from workbench.sweep.ray_engine import check_reachable, import_ray
 
-        import_ray()
         if args.address:
             check_reachable(args.address)
+        import_ray()
     return run_sweep(members, args)
 
 
@@ -76,7 +76,8 @@ def run_sweep(members: list[Member], args) -> int:
     redact_report(temp)
     os.replace(temp, final)
     write_reports_index(reports_dir)
-    _summary(document, outcomes)
+    for check, member in document["first_bad"].items():
+        print(f"first bad: {check} at {member}")
     if page_error:
         print(f"error: the comparison page failed ({page_error}); sweep.json and the members' reports are whole",
               file=sys.stderr)
@@ -107,7 +108,3 @@ def _progress(total: int):
 
     return finished
 
-
-def _summary(document: dict, outcomes: list[MemberOutcome]) -> None:
-    for check, member in document["first_bad"].items():
-        print(f"first bad: {check} at {member}")
