@@ -20,17 +20,23 @@ CHECKPOINT ?=
 TRAINING_ARGS ?=
 SERVE ?=
 REPORTS ?= reports
+CKPTS ?=
+HISTORY ?=
+JOBS ?=
+ENGINE ?=
+ADDRESS ?=
 
-DIAGNOSE_ARGS := $(CKPT) \
+# how a checkpoint is diagnosed: diagnose's options, which sweep passes to every member
+DIAGNOSE_OPTIONS := \
 	$(if $(ADAPTER),--adapter $(ADAPTER)) $(if $(BASE),--base $(BASE)) $(if $(QUANT),--quant $(QUANT)) \
 	$(if $(GPUS),--gpus $(GPUS)) $(if $(SETUP),--setup $(SETUP)) $(if $(PARAMS),--params $(PARAMS)) \
 	$(if $(DEVICE_MAP),--device-map $(DEVICE_MAP)) $(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY)) $(if $(RECIPES),--recipes $(RECIPES)) \
 	$(if $(DISTRIBUTED),--distributed $(DISTRIBUTED)) $(if $(DATA),--data $(DATA)) \
-	$(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(if $(TRAINING_ARGS),--training-args $(TRAINING_ARGS)) \
-	$(if $(SERVE),--serve $(SERVE)) \
+	$(if $(TRAINING_ARGS),--training-args $(TRAINING_ARGS)) $(if $(SERVE),--serve $(SERVE)) \
 	--reports-dir $(REPORTS)
+DIAGNOSE_ARGS := $(CKPT) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(DIAGNOSE_OPTIONS)
 
-.PHONY: install diagnose census families checks docs demo test test-fast lab bench clean
+.PHONY: install diagnose sweep census families checks docs demo test test-fast lab bench clean
 
 install: $(STAMP)
 
@@ -52,6 +58,12 @@ ifeq ($(strip $(CKPT)),)
 else
 	$(PY) -m workbench diagnose $(DIAGNOSE_ARGS)
 endif
+
+# several checkpoints side by side (CKPTS="a b c"), or one output_dir's checkpoint-N with HISTORY=1; diagnose's
+# variables apply to every member; the exit code is the worst member's (docs/sweeps.md)
+sweep: install
+	$(PY) -m workbench sweep $(CKPTS) $(if $(HISTORY),--history) $(DIAGNOSE_OPTIONS) \
+		$(if $(JOBS),--jobs $(JOBS)) $(if $(ENGINE),--engine $(ENGINE)) $(if $(ADDRESS),--address $(ADDRESS))
 
 census: install
 	$(PY) -m workbench census $(CKPT)

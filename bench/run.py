@@ -787,6 +787,8 @@ def main() -> None:
                         "(cases/NNN.txt and labels.jsonl, kept outside the project)")
     parser.add_argument("--only-plan", action="store_true",
                         help="just `workbench plan`: planned vs a real Trainer step on four set-ups, a 70B-shaped plan")
+    parser.add_argument("--only-sweep", action="store_true",
+                        help="just workbench sweep: 8 members local, --jobs 2 and on Ray (bench/sweep_bench.py)")
     parser.add_argument("--only-census", metavar="OUT",
                         help="just the whole architecture census, timed (about 25 min; families.md/json go to OUT)")
     args = parser.parse_args()
@@ -866,6 +868,16 @@ def main() -> None:
                 "planned + glibc replay | accelerate's 4× rule | plan time |\n|---|---|---|---|---|---|---|\n"
                 + "\n".join(lines))
         report("plan", "`workbench plan`: planned against a real Trainer step", rows, note)
+        return
+    if args.only_sweep:
+        from sweep_bench import sweep_rows
+
+        with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+            table_text = sweep_rows(Path(tmp), max(1, args.repeats // 5))
+        print("\n" + table_text)
+        write_section("sweep", "`workbench sweep`: eight members, local against --jobs 2 against Ray", table_text
+                      + "\n\nEach member is `diagnose --notebooks 00` on a checkpoint of a real LoRA run (a kernel of "
+                      "its own: the stack's imports dominate). Ray's row includes starting its local cluster.")
         return
     if args.only_census:
         census_rows(rows, Path(args.only_census))

@@ -9,11 +9,13 @@ import papermill
 import pytest
 
 import workbench
-from workbench.catalog import CHECKS, NOTEBOOKS, notebook
+from workbench.catalog import CHECKS, NOTEBOOKS, SWEEP_NOTEBOOK, notebook
 from workbench.notebook import NOTEBOOK_PARAMETERS
 
 NOTEBOOK_FILES = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
-REPORT_NOTEBOOKS = [p for p in NOTEBOOK_FILES if re.match(r"\d\d_", p.name)]  # what diagnose runs; panel.ipynb is not
+# what diagnose runs: the numbered notebooks but the sweep's comparison (12_sweep, run once per sweep); panel.ipynb
+# is interactive only
+REPORT_NOTEBOOKS = [p for p in NOTEBOOK_FILES if re.match(r"\d\d_", p.name) and p.stem != SWEEP_NOTEBOOK]
 
 
 def code_of(path: Path) -> str:
@@ -30,6 +32,17 @@ def test_committed_notebooks_carry_no_outputs(path):
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
             assert cell["outputs"] == [] and cell["execution_count"] is None, f"{path.name} has outputs"
+
+
+def test_the_sweep_notebook_is_numbered_but_no_report_notebook():
+    """12_sweep compares a sweep's members: `diagnose` never runs it on one checkpoint, and it answers no check."""
+    from workbench.report.runner import find_notebooks
+
+    assert SWEEP_NOTEBOOK in [p.stem for p in NOTEBOOK_FILES]
+    assert SWEEP_NOTEBOOK not in [p.stem for p in find_notebooks()]
+    assert SWEEP_NOTEBOOK not in [nb.name for nb in NOTEBOOKS] and not any(c.notebook == SWEEP_NOTEBOOK for c in CHECKS)
+    declared = papermill.inspect_notebook(str(next(p for p in NOTEBOOK_FILES if p.stem == SWEEP_NOTEBOOK)))
+    assert list(declared) == ["sweep_dir", "history"]
 
 
 def test_the_panel_notebook_is_interactive_only():

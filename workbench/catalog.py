@@ -930,6 +930,10 @@ def notebook(name: str) -> NotebookSpec:
 
 
 CHECK_IDS = frozenset(c.id for c in CHECKS)
+
+# The sweep's comparison notebook (`workbench sweep`): numbered after the report notebooks, but run once per sweep
+# over its members' reports, never on one checkpoint; it answers no check. `find_notebooks` leaves it out.
+SWEEP_NOTEBOOK = "12_sweep"
 CHECKS_BY_ID: Mapping[str, Check] = {c.id: c for c in CHECKS}
 
 

@@ -1,4 +1,4 @@
-"""`python -m workbench diagnose|explain|plan|census|checks|regressions|demo`: bad input gets one line and exit 2, never a traceback."""
+"""`python -m workbench diagnose|sweep|explain|plan|census|checks|regressions|demo`: bad input gets one line and exit 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -27,42 +27,28 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--checkpoint", type=int, dest="run_checkpoint", metavar="N",
                    help="CKPT is a Trainer output_dir: diagnose its checkpoint-N (default: the final save at its "
                         "root, else the latest checkpoint)")
-    d.add_argument("--adapter", help="a PEFT adapter folder to apply on CKPT")
-    d.add_argument("--base", help="override the base an adapter CKPT records in adapter_config.json")
-    d.add_argument("--quant", default=None, choices=["none", "4bit", "8bit"], help="quantization to load with")
-    d.add_argument("--gpus", default=None,
-                   help="diagnose as if the training process saw N GPUs (default: not stated — judged on one, and "
-                        "what more GPUs in one process would do is a warn naming that condition)")
-    d.add_argument("--serve", nargs="+", metavar="ENGINE",
-                   help="the engines you serve the adapter on (vllm, llama.cpp, tgi, sglang; notebook 10): their "
-                        "defects are fails (default: every engine judged, a defect of one is a warn)")
-    d.add_argument("--setup", help="plain | qlora | sft | module:function (your own model factory)")
-    d.add_argument("--params", help="a YAML parameters file (see parameters/defaults.yaml)")
-    d.add_argument("--device-map", help="device_map for loading: auto, balanced, cpu, N or JSON")
-    d.add_argument("--max-memory", help="per-device memory, accelerate's format: 0=20GiB,1=20GiB,cpu=64GiB")
-    d.add_argument("--dtype", default="auto", help="load dtype: auto (the checkpoint's), bf16, fp16, fp32")
-    d.add_argument("--distributed", type=int, default=0,
-                   help="ranks for the DDP/FSDP2 probes under torchrun (notebook 06; default 0: not run)")
-    d.add_argument("--recipes", help="a recipes YAML to evaluate side by side in notebook 05 (parameters/recipes.yaml)")
-    d.add_argument("--data", help="the training data for notebook 07: a JSONL (messages, prompt/completion or text) "
-                   "or a datasets.save_to_disk folder")
-    d.add_argument("--training-args", metavar="FILE",
-                   help="the training configuration for notebook 09: a YAML or JSON file of TrainingArguments "
-                        "fields (config_class: SFTConfig for a trl config)")
-    d.add_argument("--reports-dir", default="reports", help="where reports go (default: reports/)")
-    d.add_argument("--notebooks", nargs="*", help="only these notebooks (by number or name prefix)")
-    d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
-    d.add_argument("--download", action="store_true",
-                   help="a hub id's weights too (without it: configs, tokenizer and adapter files, the base's "
-                        "safetensors headers by range requests, and only the notebooks that need no weight)")
-    d.add_argument("--allow-pickle", action="store_true",
-                   help="load pickle weights (.bin) with torch.load(weights_only=True), and a run's "
-                        "training_args.bin with torch.load(weights_only=False) (it runs code); refused by default")
+    add_diagnose_options(d)
     d.add_argument("--jobs", type=int, default=1,
                    help="default 1: every notebook in one kernel, the model loaded once; N > 1: N notebooks side "
                         "by side, each in its own kernel with its own copy of the model; 0: choose by cores and memory")
-    d.add_argument("--cell-timeout", type=int, default=1800,
-                   help="seconds one notebook cell may run before it is stopped and marked error (default 1800)")
+
+    w = sub.add_parser("sweep", help="several checkpoints, adapters or Trainer output_dirs (or, with --history, one "
+                       "output_dir's checkpoint-N folders) diagnosed side by side into one comparison report")
+    w.add_argument("paths", nargs="*", metavar="PATH", help="the members: checkpoint or adapter folders, Trainer "
+                   "output_dirs; with --history one output_dir")
+    w.add_argument("--history", action="store_true", help="PATH is one Trainer output_dir: its checkpoint-N folders "
+                   "in step order, and the first checkpoint at which each check turned bad")
+    add_diagnose_options(w)
+    w.add_argument("--jobs", type=int, default=1, help="members diagnosed at a time by the local engine, each in its "
+                   "own process (default 1: in series)")
+    w.add_argument("--engine", default="local", choices=["local", "ray"],
+                   help="local (default): this machine; ray: one Ray task per member (pip install "
+                        "'finetune-workbench[ray]')")
+    w.add_argument("--address", metavar="HOST:PORT", help="with --engine ray: the Ray cluster to join (default: a "
+                   "local cluster Ray starts)")
+    w.add_argument("--shared-dir", metavar="PATH", help="with --engine ray: a folder every node sees; members write "
+                   "their reports there instead of sending them back through Ray's object store")
+    w.set_defaults(checkpoint=None, run_checkpoint=None)
 
     c = sub.add_parser("census", help="dtype census from safetensors headers alone (no weight is read)")
     c.add_argument("checkpoint", help="a checkpoint folder, or a hub id org/name (headers read over HTTP)")
@@ -133,6 +119,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_diagnose_options(d: argparse.ArgumentParser) -> None:
+    """The options that say how a checkpoint is diagnosed: `diagnose`'s, which `sweep` passes to every member."""
+    d.add_argument("--cell-timeout", type=int, default=1800,
+                   help="seconds one notebook cell may run before it is stopped and marked error (default 1800)")
+    d.add_argument("--adapter", help="a PEFT adapter folder to apply on CKPT")
+    d.add_argument("--base", help="override the base an adapter CKPT records in adapter_config.json")
+    d.add_argument("--quant", default=None, choices=["none", "4bit", "8bit"], help="quantization to load with")
+    d.add_argument("--gpus", default=None,
+                   help="diagnose as if the training process saw N GPUs (default: not stated — judged on one, and "
+                        "what more GPUs in one process would do is a warn naming that condition)")
+    d.add_argument("--serve", nargs="+", metavar="ENGINE",
+                   help="the engines you serve the adapter on (vllm, llama.cpp, tgi, sglang; notebook 10): their "
+                        "defects are fails (default: every engine judged, a defect of one is a warn)")
+    d.add_argument("--setup", help="plain | qlora | sft | module:function (your own model factory)")
+    d.add_argument("--params", help="a YAML parameters file (see parameters/defaults.yaml)")
+    d.add_argument("--device-map", help="device_map for loading: auto, balanced, cpu, N or JSON")
+    d.add_argument("--max-memory", help="per-device memory, accelerate's format: 0=20GiB,1=20GiB,cpu=64GiB")
+    d.add_argument("--dtype", default="auto", help="load dtype: auto (the checkpoint's), bf16, fp16, fp32")
+    d.add_argument("--distributed", type=int, default=0,
+                   help="ranks for the DDP/FSDP2 probes under torchrun (notebook 06; default 0: not run)")
+    d.add_argument("--recipes", help="a recipes YAML to evaluate side by side in notebook 05 (parameters/recipes.yaml)")
+    d.add_argument("--data", help="the training data for notebook 07: a JSONL (messages, prompt/completion or text) "
+                   "or a datasets.save_to_disk folder")
+    d.add_argument("--training-args", metavar="FILE",
+                   help="the training configuration for notebook 09: a YAML or JSON file of TrainingArguments "
+                        "fields (config_class: SFTConfig for a trl config)")
+    d.add_argument("--reports-dir", default="reports", help="where reports go (default: reports/)")
+    d.add_argument("--notebooks", nargs="*", help="only these notebooks (by number or name prefix)")
+    d.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
+    d.add_argument("--download", action="store_true",
+                   help="a hub id's weights too (without it: configs, tokenizer and adapter files, the base's "
+                        "safetensors headers by range requests, and only the notebooks that need no weight)")
+    d.add_argument("--allow-pickle", action="store_true",
+                   help="load pickle weights (.bin) with torch.load(weights_only=True), and a run's "
+                        "training_args.bin with torch.load(weights_only=False) (it runs code); refused by default")
+
+
 def cmd_families(args) -> int:
     import time
 
@@ -186,11 +209,12 @@ def cmd_lab(args) -> int:
 
 
 def cmd_census(args) -> int:
+    from workbench.diagnose_command import hub_mode
     from workbench.model.target import resolve_target
     from workbench.probes.dtype.headers import checkpoint_probe
 
     target = resolve_target(args.checkpoint, trust_remote_code=args.trust_remote_code, headers_only=True,
-                            hub=_hub_mode(args))
+                            hub=hub_mode(args))
     target.require_model()
     result = checkpoint_probe(target)
     finding = result.findings()[0]
@@ -247,42 +271,15 @@ def cmd_checks(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from workbench.report.runner import check_reports_dir, diagnose, exit_code, start_kernel
+    from workbench.diagnose_command import check_diagnose_options, diagnose_as_asked
+    from workbench.report.runner import exit_code
 
     if not args.checkpoint and (args.adapter or args.base or args.run_checkpoint is not None):
         raise UsageError("--adapter/--base/--checkpoint need a CKPT; without one the bundled demo is diagnosed")
-    if args.cell_timeout < 1:
-        raise UsageError(f"--cell-timeout {args.cell_timeout}: use a number of seconds, 1 or more")
     if args.jobs < 0:
         raise UsageError(f"--jobs {args.jobs}: use 1 or more (0 chooses by cores and memory)")
-    if args.gpus is not None and args.gpus.strip() == "0":
-        raise UsageError("--gpus 0: the training process must see at least 1 GPU to diagnose; use 1 or more (leave "
-                         "--gpus out when you do not want to say)")
-    if args.distributed == 1 or not 0 <= args.distributed <= 64:
-        raise UsageError(f"--distributed {args.distributed}: use a number of ranks from 2 to 64 (0: not run)")
-    check_reports_dir(Path(args.reports_dir))
-    jobs = 1 if args.distributed else (args.jobs or None)
-    # the one kernel imports the stack while this process builds the demo or reads the target's files; a CKPT that
-    # is no folder (a hub id, a typo) is resolved first, so that a typo gets its error without a kernel
-    local = not args.checkpoint or Path(args.checkpoint).expanduser().is_dir()
-    kernel = start_kernel(only=args.notebooks) if jobs == 1 and local else None
-    try:
-        # with one kernel, the checks that need torch and transformers run there (`Kernel.check_target`)
-        target = _diagnosis_target(args, headers_only=jobs == 1)
-        only = _notebooks_without_weights(target, args.notebooks)
-        if jobs == 1 and not target.model_unavailable:
-            kernel = kernel or start_kernel(only=only)
-            if not kernel.check_target(target):
-                from workbench.model.target import check_with_the_stack
-
-                check_with_the_stack(target.setup, target.model_dir, target.trust_remote_code)
-    except BaseException:
-        if kernel is not None:
-            kernel.close()
-        raise
-    folder, findings = diagnose(target, reports_dir=Path(args.reports_dir), only=only,
-                                cell_timeout=args.cell_timeout, jobs=jobs, kernel=kernel,
-                                extra_parameters={"distributed": args.distributed})
+    check_diagnose_options(args)
+    folder, findings = diagnose_as_asked(args, jobs=args.jobs or None)
     failing = [f for f in findings if f.verdict in FAILING_VERDICTS]
     if failing:
         from workbench.display.findings_view import findings_lines
@@ -292,71 +289,10 @@ def cmd_diagnose(args) -> int:
     return exit_code(findings)
 
 
-def _diagnosis_target(args, headers_only: bool = False):
-    """The target `diagnose` was asked for: the demo when no CKPT (built on first use), the recipes file read.
-    `headers_only`: the set-up and the architecture are checked by the caller (`check_with_the_stack`)."""
-    from workbench.model.target import resolve_target
-    from workbench.notebook import with_demo_fallback
-    from workbench.params import load_params
+def cmd_sweep(args) -> int:
+    from workbench.sweep.command import sweep_command
 
-    options, demo = with_demo_fallback({"checkpoint": args.checkpoint, "quant": args.quant, "setup": args.setup,
-                                        "gpus": args.gpus, "params_json": json.dumps(load_params(args.params))})
-    if demo:
-        from workbench.demo.build import demo_recipes_ready
-
-        print(f"no CKPT given: diagnosing the bundled demo's stage-2 adapter ({options['checkpoint']})")
-        if not demo_recipes_ready():
-            print("notebook 05 first trains the demo's recipes (once, about 1.5 min on 2 cores)")
-    params = json.loads(options["params_json"])
-    if args.serve:
-        from workbench.probes.serve.engine_rules import engine_rules
-
-        try:
-            engine_rules().resolve(args.serve)  # an unknown engine: exit 2 now, naming the known ones
-        except ValueError as exc:
-            raise UsageError(f"--serve: {exc}") from None
-        params["serve_engines"] = list(args.serve)
-    if args.recipes:
-        from workbench.probes.evaluation.recipes import read_recipes
-
-        read_recipes(args.recipes)  # unusable file: exit 2 now, not an error deep in a notebook
-        params["recipes"] = str(Path(args.recipes).resolve())
-    if args.training_args:
-        from workbench.probes.train.configuration import read_training_args_file
-
-        read_training_args_file(args.training_args)  # unknown fields: exit 2 now, naming them
-    return resolve_target(options["checkpoint"], adapter=args.adapter, base=args.base, quant=options["quant"] or "none",
-                          gpus=options["gpus"], setup=options["setup"], params=params, device_map=args.device_map,
-                          max_memory=args.max_memory, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                          allow_pickle=args.allow_pickle, data=args.data, run_checkpoint=args.run_checkpoint,
-                          training_args=args.training_args, hub=_hub_mode(args), headers_only=headers_only)
-
-
-def _hub_mode(args) -> str:
-    """How hub ids are reached: fetched unless the user set HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE themselves."""
-    if args.user_offline:
-        return "cache"
-    return "download" if getattr(args, "download", False) else "headers"
-
-
-def _notebooks_without_weights(target, only: list[str] | None) -> list[str] | None:
-    """A hub base whose weights stayed on the hub: the notebooks that read files and headers alone, said so."""
-    from workbench.model.hub import HEADERS_ONLY_NOTEBOOKS, weights_left_on_hub
-
-    left = weights_left_on_hub(target.model_dir)
-    if left is None:
-        return only
-    files, size = left
-    wanted = [n for n in (only or HEADERS_ONLY_NOTEBOOKS) if n.startswith(HEADERS_ONLY_NOTEBOOKS)]
-    from workbench.display.text import size_text
-
-    print(f"{target.base or target.checkpoint}: weights left on the hub ({files} file(s), {size_text(size)}); "
-          f"running notebook {', '.join(HEADERS_ONLY_NOTEBOOKS)} (files and headers) only. The notebooks that load "
-          "the model need them: pass --download")
-    if not wanted:
-        raise UsageError(f"--notebooks {' '.join(only or [])}: these load the model, whose weights are on the hub "
-                         f"({size_text(size)}); pass --download")
-    return wanted
+    return sweep_command(args)
 
 
 def _user_offline() -> bool:
@@ -372,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     args.user_offline = user_offline
     handler = {"diagnose": cmd_diagnose, "census": cmd_census, "checks": cmd_checks, "demo": cmd_demo,
                "lab": cmd_lab, "families": cmd_families, "regressions": cmd_regressions,
-               "explain": cmd_explain, "plan": cmd_plan}[args.command]
+               "explain": cmd_explain, "plan": cmd_plan, "sweep": cmd_sweep}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

@@ -32,8 +32,10 @@ PANEL_NOTEBOOK = "panel.ipynb"
 
 def workspace(notebook_dir: Path) -> dict:
     """A JupyterLab workspace with the panel first and the numbered notebooks beside it, the panel in front."""
+    from workbench.catalog import SWEEP_NOTEBOOK
+
     names = [PANEL_NOTEBOOK] * (notebook_dir / PANEL_NOTEBOOK).exists() + sorted(
-        p.name for p in notebook_dir.glob("[0-9][0-9]_*.ipynb"))
+        p.name for p in notebook_dir.glob("[0-9][0-9]_*.ipynb") if p.stem != SWEEP_NOTEBOOK)
     data = {f"notebook:{n}": {"data": {"path": n, "factory": "Notebook"}} for n in names}
     data["layout-restorer:data"] = {"main": {"dock": {"type": "tab-area", "currentIndex": 0,
                                                       "widgets": [f"notebook:{n}" for n in names]},

@@ -44,7 +44,12 @@ def _cost(report: dict[str, Any]) -> Display:
                 [[load.get("notebook", "?"), load.get("quant", ""),
                   "" if load.get("seconds") is None else f"{load['seconds']:.2f}", load.get("why", "")]
                  for load in loads], left=True) if loads else Display()
-    return Display(Heading("Cost", level=2), Paragraph(
+    sweep = cost.get("sweep")  # a sweep's member: where its engine ran it, and the attempts a lost worker cost
+    retried = Paragraph(f"Run by the sweep's {sweep['engine']} engine on {sweep.get('host', '?')} in "
+                        f"{sweep['attempts']} attempt(s)" + "".join(f"; attempt {a['attempt']} lost: {a['lost']}"
+                                                                   for a in sweep.get("lost_attempts", []))) \
+        if sweep else None
+    return Display(Heading("Cost", level=2), retried, Paragraph(
         f"{cost['model_loads']} model loads"
         + (f" ({', '.join(f'{n} in {nb}' for nb, n in sorted(where.items()))})" if where else "")
         + f" · {cost['kernels_started']} kernel(s) · {cost['seconds']:.1f} s of notebooks"

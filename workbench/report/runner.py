@@ -33,8 +33,11 @@ from workbench.report.kernels import KERNEL_NAME, Kernel
 
 
 def find_notebooks(folder: Path = NOTEBOOK_DIR, only: list[str] | None = None) -> list[Path]:
-    """The report notebooks (numbered) in `folder`, in order; `only` picks by number or name prefix."""
-    notebooks = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    """The report notebooks (numbered) in `folder`, in order; `only` picks by number or name prefix. The sweep's
+    comparison notebook (`catalog.SWEEP_NOTEBOOK`) is numbered too, but is no report notebook."""
+    from workbench.catalog import SWEEP_NOTEBOOK
+
+    notebooks = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb") if p.stem != SWEEP_NOTEBOOK)
     if only:
         notebooks = [p for p in notebooks if any(p.stem.startswith(o) or p.stem == o for o in only)]
     if not notebooks:

@@ -1,0 +1,68 @@
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lora_history import build_lora_run, plant
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraRuns:
+    """Trainer output_dirs of one real LoRA run (checkpoint-1 … checkpoint-6) and copies with planted faults."""
+
+    healthy: Path
+    nan: Path  # lora_B NaN from checkpoint-4 on
+    other_pad: Path  # the tokenizer saved with another pad, past the embedding rows, from checkpoint-4 on
+    nan_then_no_modules_to_save: Path  # NaN from checkpoint-3 on, modules_to_save gone from checkpoint-5 on
+
+
+@pytest.fixture(scope="session")
+def lora_runs(tmp_path_factory) -> LoraRuns:
+    """Trained once per test session (about 20 s) by the first worker that asks; the others read its folders."""
+    from tests.shared_builds import built_once
+
+    with built_once(tmp_path_factory, "sweep-lora-runs") as root:
+        runs = LoraRuns(**{f.name: root / f.name for f in dataclasses.fields(LoraRuns)})
+        if not (root / "BUILT").exists():
+            healthy = build_lora_run(root)
+            plant(healthy, runs.nan, {"nan": 4})
+            plant(healthy, runs.other_pad, {"other_pad": 4})
+            plant(healthy, runs.nan_then_no_modules_to_save, {"nan": 3, "no_modules_to_save": 5})
+            (root / "BUILT").write_text("the LoRA run and its planted copies\n")
+        return runs
+
+
+@dataclasses.dataclass
+class SweepRun:
+    result: subprocess.CompletedProcess
+    folder: Path  # the sweep's folder
+    document: dict  # its sweep.json
+
+    def verdicts(self) -> dict[str, dict[str, str]]:
+        return {m["name"]: m["verdicts"] for m in self.document["members"]}
+
+    def failing(self) -> dict[str, list[str]]:
+        return {m["name"]: sorted(c for c, v in m["verdicts"].items() if v in ("fail", "error"))
+                for m in self.document["members"]}
+
+    def member_report(self, name: str) -> dict:
+        member = next(m for m in self.document["members"] if m["name"] == name)
+        return json.loads((self.folder / member["report"] / "findings.json").read_text())
+
+
+def run_sweep(arguments: list[str], reports: Path, popen_hook=None, env: dict | None = None) -> SweepRun:
+    """`python -m workbench sweep ARGUMENTS --reports-dir REPORTS` in a subprocess, as a user runs it.
+    `popen_hook(process)`: called while it runs (the Ray test kills a worker there)."""
+    command = [sys.executable, "-m", "workbench", "sweep", *arguments, "--reports-dir", str(reports)]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    if popen_hook is not None:
+        popen_hook(process)
+    stdout, stderr = process.communicate(timeout=1800)
+    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    folders = [p for p in reports.glob("*/*") if p.is_dir()]
+    assert len(folders) == 1, (folders, stdout[-3000:], stderr[-3000:])
+    return SweepRun(result, folders[0], json.loads((folders[0] / "sweep.json").read_text()))

@@ -1,0 +1,141 @@
+"""A sweep of three real runs (healthy, NaN adapter, a tokenizer saved with another pad) on the local engine and on
+a real local Ray cluster started by the test on 127.0.0.1 (one per test session): each bad run named by its own
+check, the same verdicts on both engines, and a Ray worker killed mid-sweep whose member is still reported, the
+lost attempt in its cost block. Members are diagnosed with notebook 00 only (`--notebooks 00`): it answers both
+faults, and every member still goes through `diagnose`'s path."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_sweep
+
+pytestmark = pytest.mark.slow
+
+@pytest.fixture(scope="session")
+def three_runs(lora_runs) -> list[str]:
+    return [str(lora_runs.healthy), str(lora_runs.nan), str(lora_runs.other_pad)]
+
+
+@pytest.fixture(scope="session")
+def local_sweep(three_runs, tmp_path_factory):
+    return run_sweep([*three_runs, "--notebooks", "00"], tmp_path_factory.mktemp("local-sweep"))
+
+
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0",
+           # the test's cluster listens on loopback only, for this session: no token to share with the CLI's process
+           "RAY_AUTH_MODE": "disabled"}
+START_TRIES = 3  # on a loaded 2-core machine Ray's raylet sometimes misses its own 30 s start-up deadline
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster on 127.0.0.1 with two CPUs, held by a helper process (tests/sweep/ray_head.py) and its
+    files in a temporary folder of its own; stopped at the end by closing the helper's input, then by the ids of
+    whatever that folder's session left (never `ray stop`, which stops every Ray on the machine). One per session:
+    the Ray tests share it."""
+    pytest.importorskip("ray")
+    errors = []
+    for _ in range(START_TRIES):
+        temp = Path(tempfile.mkdtemp(prefix="wbray"))  # short: Ray's socket paths live under it
+        with (temp / "head.log").open("w") as log:  # a file, not a pipe nobody reads while the cluster runs
+            head = subprocess.Popen([sys.executable, str(Path(__file__).with_name("ray_head.py")), str(temp)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                    env={**os.environ, **RAY_ENV})
+        # the helper prints its address once the cluster is up, or exits
+        line = next((out for out in head.stdout if out.startswith("ADDRESS ")), "")
+        if line:
+            break
+        head.wait()
+        errors.append(((temp / "head.log").read_text().strip().splitlines() or ["exited"])[-1])
+        _stop(head, temp)
+    else:
+        pytest.skip(f"a local Ray cluster did not start on this machine in {START_TRIES} tries: {errors[-1]}")
+    try:
+        yield "127.0.0.1:" + line.split()[1].rpartition(":")[2]
+    finally:
+        _stop(head, temp)
+
+
+def _stop(head: subprocess.Popen, temp: Path) -> None:
+    if head.poll() is None:
+        head.stdin.close()
+        try:
+            head.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            head.kill()
+    for process in _cluster_processes(temp):
+        process.kill()
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _cluster_processes(temp: Path):
+    """The processes of the cluster whose files are under `temp`, with their children (workers, kernels)."""
+    import psutil
+
+    found = {}
+    for process in psutil.process_iter(["cmdline"]):
+        if str(temp) in " ".join(process.info["cmdline"] or []):
+            found[process.pid] = process
+            for child in process.children(recursive=True):
+                found[child.pid] = child
+    return list(found.values())
+
+
+def _kill_the_first_member_task(process: subprocess.Popen) -> None:
+    """Wait until a worker runs a member (its process title `ray::diagnose_sweep_member`), then kill it and the
+    kernel it started: a worker lost mid-task."""
+    import psutil
+
+    from workbench.sweep.ray_engine import TASK_NAME
+
+    deadline = time.monotonic() + 600
+    while process.poll() is None and time.monotonic() < deadline:
+        for candidate in psutil.process_iter(["cmdline"]):
+            if " ".join(candidate.info["cmdline"] or []).startswith(f"ray::{TASK_NAME}"):
+                children = candidate.children(recursive=True)
+                candidate.send_signal(signal.SIGKILL)
+                for child in children:
+                    child.kill()
+                return
+        time.sleep(0.2)
+    raise AssertionError("no Ray worker ran a member before the sweep ended")
+
+
+@pytest.fixture(scope="session")
+def ray_sweep(three_runs, ray_cluster, tmp_path_factory):
+    return run_sweep([*three_runs, "--notebooks", "00", "--engine", "ray", "--address", ray_cluster],
+                     tmp_path_factory.mktemp("ray-sweep"), popen_hook=_kill_the_first_member_task, env=RAY_ENV)
+
+
+def test_each_bad_run_of_a_sweep_is_named_by_its_own_check(local_sweep):
+    assert local_sweep.result.returncode == 1, local_sweep.result.stderr[-3000:]
+    assert local_sweep.failing() == {"healthy": [], "nan": ["adapter.weights"], "other_pad": ["tokenizer.vocab"]}
+    assert local_sweep.document["first_bad"] == {}  # runs side by side have no order
+    assert [m["exit_code"] for m in local_sweep.document["members"]] == [0, 1, 1]
+    assert set(local_sweep.document) == {"engine", "members", "first_bad"}
+    assert set(local_sweep.document["members"][0]) == {"name", "path", "report", "exit_code", "verdicts"}
+
+
+def test_ray_gives_the_local_engines_verdicts(local_sweep, ray_sweep):
+    assert ray_sweep.result.returncode == 1, ray_sweep.result.stderr[-3000:]
+    assert ray_sweep.document["engine"] == "ray"
+    assert ray_sweep.verdicts() == local_sweep.verdicts()
+    for member in ray_sweep.document["members"]:  # each report gathered back into the sweep's folder
+        assert (ray_sweep.folder / member["report"] / "00_saved_files.html").is_file()
+
+
+def test_a_worker_killed_mid_sweep_is_retried_and_its_member_reported(ray_sweep):
+    costs = {m["name"]: ray_sweep.member_report(m["name"])["cost"]["sweep"] for m in ray_sweep.document["members"]}
+    retried = [name for name, cost in costs.items() if cost["attempts"] == 2]
+    assert len(retried) == 1, costs
+    [lost] = costs[retried[0]]["lost_attempts"]
+    assert "WorkerCrashedError" in lost["lost"] or "NodeDiedError" in lost["lost"], lost
+    assert all(m["report"] for m in ray_sweep.document["members"])
+    assert "attempt 2 of 3" in ray_sweep.result.stdout

@@ -1,0 +1,36 @@
+"""The sweep's comparison page: notebooks/12_sweep.ipynb executed by papermill in the project's kernel, in the
+sweep's folder, and exported as its index.html (the report template: code hidden, images inline)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from workbench.catalog import SWEEP_NOTEBOOK
+from workbench.paths import NOTEBOOK_DIR, PROJECT_ROOT
+
+
+def pythonpath_with_checkout() -> str:
+    """PYTHONPATH for a kernel or a Ray worker that must import this workbench: a clone's checkout first (an
+    environment may hold another install of it), then what was there."""
+    checkout = (PROJECT_ROOT / "notebooks").is_dir() and (PROJECT_ROOT / "workbench").is_dir()
+    return os.pathsep.join(filter(None, [str(PROJECT_ROOT) if checkout else "", os.environ.get("PYTHONPATH")]))
+
+
+def write_comparison(sweep_dir: Path, *, history: bool, cell_timeout: int) -> str | None:
+    """index.html of the sweep from the comparison notebook; the notebook's error, or None when it ran clean."""
+    from workbench.report.kernels import KERNEL_NAME
+    from workbench.report.runner import ensure_kernel, export_html, run_notebook
+
+    ensure_kernel()
+    os.environ["PYTHONPATH"] = pythonpath_with_checkout()
+    notebook = NOTEBOOK_DIR / f"{SWEEP_NOTEBOOK}.ipynb"
+    run = run_notebook(notebook, sweep_dir, {"sweep_dir": str(sweep_dir), "history": history}, KERNEL_NAME,
+                       cell_timeout, export=False)
+    executed = sweep_dir / f"{SWEEP_NOTEBOOK}.ipynb"
+    if executed.exists():
+        try:
+            export_html(executed, sweep_dir / "index.html")
+        except Exception as exc:  # noqa: BLE001 - the page is the sweep's result: its failure is said
+            return run.error or f"HTML export failed: {type(exc).__name__}: {exc}"
+    return run.error
