@@ -66,3 +66,15 @@ def run_sweep(arguments: list[str], reports: Path, popen_hook=None, env: dict | 
     folders = [p for p in reports.glob("*/*") if p.is_dir()]
     assert len(folders) == 1, (folders, stdout[-3000:], stderr[-3000:])
     return SweepRun(result, folders[0], json.loads((folders[0] / "sweep.json").read_text()))
+
+
+@pytest.fixture(scope="session")
+def three_runs(lora_runs) -> list[str]:
+    """A sweep of three runs: healthy, a NaN adapter from checkpoint-4, a tokenizer saved with another pad."""
+    return [str(lora_runs.healthy), str(lora_runs.nan), str(lora_runs.other_pad)]
+
+
+@pytest.fixture(scope="session")
+def local_sweep(three_runs, tmp_path_factory):
+    """That sweep on the local engine, members diagnosed with notebook 00 (it answers both faults)."""
+    return run_sweep([*three_runs, "--notebooks", "00"], tmp_path_factory.mktemp("local-sweep"))

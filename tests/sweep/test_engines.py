@@ -18,16 +18,6 @@ from conftest import run_sweep
 
 pytestmark = pytest.mark.slow
 
-@pytest.fixture(scope="session")
-def three_runs(lora_runs) -> list[str]:
-    return [str(lora_runs.healthy), str(lora_runs.nan), str(lora_runs.other_pad)]
-
-
-@pytest.fixture(scope="session")
-def local_sweep(three_runs, tmp_path_factory):
-    return run_sweep([*three_runs, "--notebooks", "00"], tmp_path_factory.mktemp("local-sweep"))
-
-
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0",
            # the test's cluster listens on loopback only, for this session: no token to share with the CLI's process
            "RAY_AUTH_MODE": "disabled"}

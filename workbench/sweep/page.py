@@ -19,14 +19,16 @@ def pythonpath_with_checkout() -> str:
 
 def write_comparison(sweep_dir: Path, *, history: bool, cell_timeout: int) -> str | None:
     """index.html of the sweep from the comparison notebook; the notebook's error, or None when it ran clean."""
-    from workbench.report.kernels import KERNEL_NAME
+    from workbench.report.kernels import Kernel
     from workbench.report.runner import ensure_kernel, export_html, run_notebook
 
     ensure_kernel()
-    os.environ["PYTHONPATH"] = pythonpath_with_checkout()
     notebook = NOTEBOOK_DIR / f"{SWEEP_NOTEBOOK}.ipynb"
-    run = run_notebook(notebook, sweep_dir, {"sweep_dir": str(sweep_dir), "history": history}, KERNEL_NAME,
-                       cell_timeout, export=False)
+    # the kernel is told where this workbench is through its own environment (this process's is left as it is); it
+    # reads reports with pandas and matplotlib: no warm-up of the training stack
+    with Kernel(warm_up=False, env={"PYTHONPATH": pythonpath_with_checkout()}) as kernel:
+        run = run_notebook(notebook, sweep_dir, {"sweep_dir": str(sweep_dir), "history": history}, kernel,
+                           cell_timeout, export=False)
     executed = sweep_dir / f"{SWEEP_NOTEBOOK}.ipynb"
     if executed.exists():
         try:
