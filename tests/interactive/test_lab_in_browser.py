@@ -3,6 +3,8 @@ panel notebook and notebooks 01-04 opened, the panel's cell run, the widget rend
 **Run probes**. The panel runs no notebook 05: the demo's trained recipes are not needed, and this test runs on
 whichever pytest-xdist worker is free while the other trains them."""
 
+import shutil
+
 import pytest
 from headless_chromium import NEEDS_CHROMIUM, SCREENSHOTS, launched_chromium
 
@@ -17,10 +19,14 @@ def browser():
 
 def test_jupyterlab_opens_the_panel_and_diagnoses_the_demo_with_a_click(demo, browser, tmp_path):
     from workbench.interactive.lab import lab_server
+    from workbench.paths import NOTEBOOK_DIR
 
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
-    with lab_server(state_dir=tmp_path / "lab", env={"WORKBENCH_CACHE": str(demo.root.parent)}) as lab:
+    # a copy of the notebooks: JupyterLab autosaves what it opens (the panel's output, the kernel's metadata), which
+    # must not reach the committed notebooks (a slow click outlived the autosave interval and wrote into them)
+    notebooks = shutil.copytree(NOTEBOOK_DIR, tmp_path / "notebooks")
+    with lab_server(notebooks, state_dir=tmp_path / "lab", env={"WORKBENCH_CACHE": str(demo.root.parent)}) as lab:
         page.goto(lab.url)
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90_000)
         labels = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel")
