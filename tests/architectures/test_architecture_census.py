@@ -1,8 +1,12 @@
 """The architecture census: tiny configs shrunk generically, the architectures it covers, and a sample of the census
 itself (the whole census is `make families`, its output committed in docs/families.*)."""
 
-import pytest
+import json
 
+import pytest
+from repo import ROOT
+
+from tests.architectures.compact_vocabulary import COMPACTED, build_compact_checkpoints
 from workbench.architectures.census import record_for, run_census
 from workbench.architectures.families_doc import finalized, markdown, summary
 from workbench.architectures.model_types import Architecture, architectures
@@ -78,7 +82,10 @@ def test_a_known_incompatibility_names_the_reason_of_a_record_written_before_it_
 
 
 @pytest.mark.slow
-def test_a_sample_of_architectures_is_built_and_clean_under_plain_and_qlora(tmp_path):
+def test_a_sample_of_architectures_is_built_and_clean_under_plain_and_qlora(tmp_path, monkeypatch):
+    # the VLMs whose image token ids keep 151k-262k vocabulary rows are built with those ids moved into 256 rows
+    # (tests/architectures/compact_vocabulary.py); the census finds them where it builds its checkpoints
+    build_compact_checkpoints(COMPACTED, tmp_path / "checkpoints", monkeypatch)
     records = finalized(run_census(("plain", "qlora"), list(SAMPLE), tmp_path))
     assert {(r["model_type"], r["setup"]) for r in records} == {(t, s) for t in SAMPLE for s in ("plain", "qlora")}
     unbuilt = [(r["model_type"], r["reason"]) for r in records if not r["built"]]
@@ -90,3 +97,8 @@ def test_a_sample_of_architectures_is_built_and_clean_under_plain_and_qlora(tmp_
     assert known == {("deberta-v2", "qlora")}  # a real incompatibility, named with its upstream issue
     deberta = next(r for r in records if (r["model_type"], r["setup"]) == ("deberta-v2", "qlora"))
     assert deberta["verdicts"]["forward.scenarios"] == "fail" and "#35332" in deberta["reason"]
+    # the compacted vocabularies change no verdict: each is the committed census' (its full vocabularies)
+    committed = {(r["model_type"], r["setup"]): r["verdicts"]
+                 for r in json.loads((ROOT / "docs" / "families.json").read_text())["records"]}
+    compacted = {(r["model_type"], r["setup"]): r["verdicts"] for r in records if r["model_type"] in COMPACTED}
+    assert compacted == {key: committed[key] for key in compacted} and len(compacted) == 2 * len(COMPACTED)

@@ -1,37 +1,20 @@
-"""Reports and the JupyterLab panel in a real browser: Debian's headless Chromium driven by Playwright.
-
-The shared report: index.html leads with the verdict table, its links resolve, "show code" reveals the code, the
-page stays small and fetches nothing from the internet; screenshots are kept beside the report. JupyterLab: started
-on a loopback port, the panel notebook opened, its cell run, the widget rendered, the demo diagnosed by a click.
-Skipped, saying so, where Chromium or Playwright is missing (.ci/run installs Debian's chromium when it can).
-"""
+"""The demo's report in a real browser (tests/headless_chromium.py): index.html leads with the verdict table, its
+links resolve, "show code" reveals the code, the page stays small and fetches nothing from the internet; screenshots
+are kept beside the report. The JupyterLab panel's click is tests/interactive/test_lab_in_browser.py (it needs the
+demo, not its trained recipes, so it runs beside their training)."""
 
 import re
-import shutil
 
 import pytest
-from repo import ROOT
+from headless_chromium import NEEDS_CHROMIUM, SCREENSHOTS, launched_chromium
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - requirements.txt pins it
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: browser tests skipped"),
-    pytest.mark.skipif(sync_playwright is None, reason="Playwright is not installed: browser tests skipped"),
-]
-SCREENSHOTS = ROOT / "reports" / "screenshots"
+pytestmark = [pytest.mark.slow, *NEEDS_CHROMIUM]
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+    with launched_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 @pytest.fixture
@@ -90,32 +73,3 @@ def test_notebook_page_hides_code_until_asked_is_small_and_offline(report, page)
     shot = SCREENSHOTS / "report-02_dataparallel.png"
     page.screenshot(path=shot, full_page=True)
     assert shot.stat().st_size > 50_000  # a rendered page, not a blank one
-
-
-def test_jupyterlab_opens_the_panel_and_diagnoses_the_demo_with_a_click(demo, browser, tmp_path):
-    from workbench.interactive.lab import lab_server
-
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    with lab_server(state_dir=tmp_path / "lab", env={"WORKBENCH_CACHE": str(demo.root.parent)}) as lab:
-        page.goto(lab.url)
-        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90_000)
-        labels = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel")
-        labels.filter(has_text="04_forward_checks.ipynb").first.wait_for(timeout=90_000)  # the notebooks open in turn
-        tabs = labels.all_inner_texts()
-        assert tabs[0] == "panel.ipynb" and "04_forward_checks.ipynb" in tabs
-        page.wait_for_selector("text=Python (workbench) | Idle", timeout=120_000)  # the kernel has started
-        page.locator(".jp-Notebook .jp-CodeCell").first.click()
-        page.keyboard.press("Shift+Enter")
-        outcome = page.wait_for_selector(".workbench-panel, [data-mime-type='application/vnd.jupyter.error']",
-                                         timeout=120_000)
-        panel = page.locator(".workbench-panel")
-        assert panel.count() == 1, f"the panel cell raised: {outcome.inner_text()[-2000:]}"
-        assert "on base" in panel.inner_text() and str(demo.qwen_stage1) in panel.inner_text()
-        page.get_by_role("button", name="Run probes").click()
-        page.wait_for_selector("text=done:", timeout=300_000)
-        findings = page.locator(".workbench-panel table.wb-findings").last  # the Findings tab, shown at the end
-        assert "forward.dtype_flow" in findings.inner_text() and "FAIL" in findings.inner_text()
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=SCREENSHOTS / "jupyterlab-panel.png")
-    context.close()
