@@ -1,34 +1,22 @@
-"""The sweep's comparison page in a real browser (Debian's headless Chromium driven by Playwright, as
-tests/report/test_browser.py drives the reports): it opens offline, its checks × members table links every verdict
-to a page of the member's report that exists, its plots are inline images. Skipped, saying so, where Chromium or
-Playwright is missing."""
+"""The sweep's comparison page in a real browser (Debian's headless Chromium driven by Playwright, as the reports are
+read: tests/headless_chromium.py): it opens offline, its checks × members table links every verdict to a page of the
+member's report that exists, its plots are inline images. Skipped, saying so, where Chromium or Playwright is
+missing."""
 
 import re
-import shutil
 
 import pytest
-from repo import ROOT
+from headless_chromium import NEEDS_CHROMIUM, SCREENSHOTS, launched_chromium
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - requirements.txt pins it
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: browser tests skipped"),
-    pytest.mark.skipif(sync_playwright is None, reason="Playwright is not installed: browser tests skipped"),
-]
+pytestmark = [pytest.mark.slow, *NEEDS_CHROMIUM]
 
 
 def test_the_comparison_page_reads_in_chromium_offline_with_every_verdict_linked(local_sweep):
     folder = local_sweep.folder
     members = [m["name"] for m in local_sweep.document["members"]]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+    leaks: list[str] = []
+    with launched_chromium() as browser:
         context = browser.new_context(viewport={"width": 1280, "height": 1000})
-        leaks: list[str] = []
         context.route(re.compile(r"^https?://"), lambda route: (leaks.append(route.request.url), route.abort()))
         page = context.new_page()
         page.goto(folder.joinpath("index.html").as_uri())
@@ -45,10 +33,8 @@ def test_the_comparison_page_reads_in_chromium_offline_with_every_verdict_linked
         targets = {cells.nth(i).get_attribute("href").split("#")[0] for i in range(cells.count())}
         assert targets and all((folder / target).is_file() for target in targets)
         assert page.locator("img[src^='data:image/png;base64']").count() >= 1  # the per-member plots, inline
-        shots = ROOT / "reports" / "screenshots"
-        shots.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=shots / "sweep-index.png", full_page=True)
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=SCREENSHOTS / "sweep-index.png", full_page=True)
         context.close()
-        browser.close()
     assert not leaks, f"the page fetched from the internet: {leaks}"
-    assert (shots / "sweep-index.png").stat().st_size > 50_000  # a rendered page, not a blank one
+    assert (SCREENSHOTS / "sweep-index.png").stat().st_size > 50_000  # a rendered page, not a blank one
