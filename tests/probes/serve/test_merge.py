@@ -74,3 +74,20 @@ def test_whisper_under_qlora_merges_on_its_decoder_inputs_not_an_error(tmp_path)
     assert found.verdict == "pass", (found.verdict, found.detail[:300])
     assert "input_features" in result.batch and result.quantized_4bit and result.merged_layers > 0
     assert model_fingerprint(prepared.model) == before
+
+
+def _judged(**measured):
+    from workbench.probes.serve.merge import ServeMergeResult
+
+    return ServeMergeResult(batch="6 tokens", dtype="bfloat16", max_logit_difference=0.028, relative_difference=0.054,
+                            top1_agreement=0.667, tokens=6, merged_layers=4, base_name="/ckpt", **measured).findings()[0]
+
+
+def test_a_4bit_requantization_is_a_warn_naming_the_merge_into_4bit_and_another_divergence_a_fail():
+    # Phi-3's healthy QLoRA adapter measured so (held-out entry forms): merging into the 4-bit base is the user's
+    # choice, not stated; the same divergence on a bf16 base, or through a tied head, is the merge itself
+    requantized = _judged(quantized_4bit=True)
+    assert requantized.verdict == "warn" and requantized.title.startswith("If merged into the 4-bit base")
+    assert "dtype=torch.bfloat16" in requantized.fix and "#31293" in requantized.detail
+    assert _judged(quantized_4bit=False).verdict == "fail"
+    assert _judged(quantized_4bit=True, tied_head=["lm_head"]).verdict == "fail"

@@ -77,9 +77,15 @@ class ServeMergeResult(ProbeResult):
             fixes.append("Untie before merging (`model.config.tie_word_embeddings = False` and give lm_head its own "
                          "copy: `model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.clone())`), or "
                          "train without LoRA on lm_head/embed_tokens of a tied model.")
-        verdict = "fail" if self.top1_agreement < TOP1_FAIL else "warn"
-        return [Finding(CHECK, verdict, f"The merged model differs from the unmerged adapter beyond {self.dtype} "
-                        f"rounding (top-1 agreement {self.top1_agreement:.1%})",
+        # a 4-bit base's requantization is what merging into the 4-bit base does, a choice the user did not state
+        # (merging into the base loaded in bf16 is the usual way): a warn naming that condition, never a fail
+        only_if_merged_in_4bit = self.quantized_4bit and not self.tied_head
+        verdict = "fail" if self.top1_agreement < TOP1_FAIL and not only_if_merged_in_4bit else "warn"
+        title = (f"If merged into the 4-bit base, the model differs from the unmerged adapter (top-1 agreement "
+                 f"{self.top1_agreement:.1%})" if only_if_merged_in_4bit else
+                 f"The merged model differs from the unmerged adapter beyond {self.dtype} rounding (top-1 agreement "
+                 f"{self.top1_agreement:.1%})")
+        return [Finding(CHECK, verdict, title,
                         numbers + (". Cause: " + "; ".join(causes) if causes else
                                    ". No known cause (not a 4-bit base, no tied head): look at the adapter's "
                                    "non-LoRA tensors and at layers PEFT merges with a variant (DoRA)."),
