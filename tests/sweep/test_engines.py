@@ -4,6 +4,7 @@ check, the same verdicts on both engines, and a Ray worker killed mid-sweep whos
 lost attempt in its cost block. Members are diagnosed with notebook 00 only (`--notebooks 00`): it answers both
 faults, and every member still goes through `diagnose`'s path."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -79,8 +80,9 @@ def _cluster_processes(temp: Path):
 
 
 def _kill_the_first_member_task(process: subprocess.Popen) -> None:
-    """Wait until a worker runs a member (its process title `ray::diagnose_sweep_member`), then kill it and the
-    kernel it started: a worker lost mid-task."""
+    """Wait until a worker is inside a member's diagnosis (its process title `ray::diagnose_sweep_member` and the
+    member's kernel alive under it: the diagnosis closes its kernel before the task returns, so the task cannot have
+    finished), then kill it and that kernel: a worker lost mid-task."""
     import psutil
 
     from workbench.sweep.ray_engine import TASK_NAME
@@ -88,12 +90,19 @@ def _kill_the_first_member_task(process: subprocess.Popen) -> None:
     deadline = time.monotonic() + 600
     while process.poll() is None and time.monotonic() < deadline:
         for candidate in psutil.process_iter(["cmdline"]):
-            if " ".join(candidate.info["cmdline"] or []).startswith(f"ray::{TASK_NAME}"):
+            if not " ".join(candidate.info["cmdline"] or []).startswith(f"ray::{TASK_NAME}"):
+                continue
+            try:
                 children = candidate.children(recursive=True)
+                if not any("ipykernel" in " ".join(child.cmdline()) for child in children):
+                    continue  # not yet (or no longer) inside the diagnosis
                 candidate.send_signal(signal.SIGKILL)
-                for child in children:
+            except psutil.NoSuchProcess:
+                continue
+            for child in children:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     child.kill()
-                return
+            return
         time.sleep(0.2)
     raise AssertionError("no Ray worker ran a member before the sweep ended")
 
