@@ -33,8 +33,11 @@ def test_jupyterlab_opens_the_panel_and_diagnoses_the_demo_with_a_click(demo, br
         labels.filter(has_text="04_forward_checks.ipynb").first.wait_for(timeout=90_000)  # the notebooks open in turn
         tabs = labels.all_inner_texts()
         assert tabs[0] == "panel.ipynb" and "04_forward_checks.ipynb" in tabs
+        # the notebooks open in turn and the last one may hold the focus: bring the panel's tab forward, then click
+        # its first cell once it is shown (a cell of a hidden tab comes first in the page but cannot be clicked)
+        labels.filter(has_text="panel.ipynb").first.click()
         page.wait_for_selector("text=Python (workbench) | Idle", timeout=120_000)  # the kernel has started
-        page.locator(".jp-Notebook .jp-CodeCell").first.click()
+        page.locator(".jp-Notebook .jp-CodeCell:visible").first.click()
         page.keyboard.press("Shift+Enter")
         outcome = page.wait_for_selector(".workbench-panel, [data-mime-type='application/vnd.jupyter.error']",
                                          timeout=120_000)
