@@ -122,12 +122,12 @@ def test_a_step_whose_probe_does_not_import_is_an_error_on_its_checks_and_the_no
     from workbench.catalog import NotebookSpec, Step
     from workbench.notebook import NotebookSession
 
-    spec = NotebookSpec("panel", "panel", "panel", (
+    spec = NotebookSpec("04_forward_checks", "04", "Forward flow", (
         Step("gone", "a probe module that is not there", "workbench.probes.no_such_module:probe", (),
              reports=("grad.flow",)),
         Step("renamed", "a probe function that is not there", "workbench.findings:no_such_probe", (),
              reports=("forward.scenarios",))))
-    rec = FindingsRecorder(tmp_path / "f.json", notebook="panel")
+    rec = FindingsRecorder(tmp_path / "f.json", notebook="04_forward_checks")
     session = NotebookSession(spec, None, rec, {})
     session.run("gone")
     session.run("renamed")

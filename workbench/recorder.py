@@ -81,9 +81,9 @@ class FindingsRecorder(Displayable):
         self.autosave = autosave
         self.answers: dict[str, tuple[str, Finding]] = {}  # check id -> (the step that answered it, its answer)
         self.declared: set[str] = set()  # check ids callers named beyond the catalog's
-        # the catalog's notebooks and the panel report only declared ids; a notebook of your own declares its ids in
-        # its metadata, which the runner reads (report.runner.declared_checks)
-        self.validates_ids = notebook == "panel" or notebook in {nb.name for nb in NOTEBOOKS}
+        # the catalog's notebooks report only declared ids; a notebook of your own declares its ids in its metadata,
+        # which the diagnosis reads (report.diagnosis.declared_checks)
+        self.validates_ids = notebook in {nb.name for nb in NOTEBOOKS}
         self.cost: dict[str, Any] = {}  # what the notebook cost (loads, memory), written beside the findings
         self.environment: dict[str, Any] | None = None  # the software the notebook ran with, read on first save
         self._changed()
