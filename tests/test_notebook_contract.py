@@ -57,12 +57,15 @@ def test_the_last_cell_runs_every_catalog_step_without_a_cell_of_its_own(demo, t
     assert all(check in nb.view().text() for check in spec.checks)  # the opening cell lists the catalog's checks
     nb.run("files")
     nb.run("weights")
-    shown = nb.finish().text()
+    finished = nb.finish()
+    shown = str(finished)
+    html = finished._repr_mimebundle_()["text/html"]  # what the notebook's last cell renders in a report
+    assert "Findings · 00_saved_files" in html and "adapter.weights" in html
     assert list(nb.results) == [s.name for s in (*spec.steps, gained)]  # in the catalog's order, each once
     assert {f.id for f in nb.recorder.findings} == set(spec.checks)  # every check answered
     assert "Steps of the catalog without a cell above" in shown and "generation_config.json, again" in shown
     assert "the adapter's weights" not in shown  # a step a cell ran is not shown again
-    assert "Steps of the catalog" not in nb.finish().text()  # nothing left: the findings alone
+    assert "Steps of the catalog" not in str(nb.finish())  # nothing left: the findings alone
 
 
 def test_open_notebook_without_a_checkpoint_opens_the_demo_as_make_diagnose_does(demo, tmp_path, monkeypatch):

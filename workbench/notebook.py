@@ -122,6 +122,7 @@ class NotebookSession(Displayable):
         (a step added to the catalog reaches the report without a cell of its own), each result under its label,
         then the findings."""
         from workbench.display.nodes import Display, Heading
+        from workbench.display.result import Shown
 
         shown = []
         for step in self.spec.steps:
@@ -130,7 +131,7 @@ class NotebookSession(Displayable):
                 shown += [Heading(step.label, level=3), result.view() if hasattr(result, "view") else None]
         if shown:
             shown.insert(0, Heading("Steps of the catalog without a cell above", level=2))
-        return Display(*shown, self.recorder.view())
+        return Shown(Display(*shown, self.recorder.view()))
 
     def view(self):
         """The target, and the checks this notebook answers (the catalog's, so a check added there is listed)."""

@@ -108,6 +108,13 @@ def test_one_kernel_ran_everything_and_the_report_says_what_it_cost(report, demo
     assert "IPKernelApp" not in output and (demo_report.folder / "kernel.log").exists()
 
 
+def test_every_notebook_page_ends_with_its_findings(report, demo_report):
+    # the last cell (`nb.finish()`) renders the notebook's findings table, not an object's repr
+    for row in report["notebooks"]:
+        html = page(demo_report, f"{row['name']}.html")
+        assert f"Findings · {row['name']}" in html and "workbench.display" not in html, row["name"]
+
+
 def test_pages_hide_code_behind_one_click_and_fetch_nothing(demo_report):
     html = page(demo_report, "01_dtype_distribution.html")
     assert '<script src="http' not in html

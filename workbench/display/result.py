@@ -47,6 +47,16 @@ class Displayable:
         return f"<{type(self).__name__}>"
 
 
+class Shown(Displayable):
+    """Blocks a cell shows (HTML in a notebook, text when printed): a bare `Display` has no notebook rendering."""
+
+    def __init__(self, display: Display) -> None:
+        self.display = display
+
+    def view(self) -> Display:
+        return self.display
+
+
 def _cached_findings(compute):
     @functools.wraps(compute)
     def findings(self) -> list[Finding]:

@@ -20,22 +20,12 @@ from typing import Any
 
 from workbench.display.findings_view import figure
 from workbench.display.nodes import Badge, Bold, Code, Display, Heading, Link, Paragraph, Table
-from workbench.display.result import Displayable
+from workbench.display.result import Shown
 from workbench.findings import verdict_rank
 from workbench.sweep.changes import MemberFacts, changes, read_facts
 from workbench.sweep.verdicts import WARNING, first_turned
 
 MAX_CHANGES = 40  # rows of differences shown per member (every one is counted)
-
-
-class Shown(Displayable):
-    """A block of the page, shown by a notebook cell (HTML) or printed (text)."""
-
-    def __init__(self, display: Display) -> None:
-        self.display = display
-
-    def view(self) -> Display:
-        return self.display
 
 
 @dataclasses.dataclass
@@ -126,7 +116,7 @@ class Sweep:
 
     def changes_view(self) -> Shown:
         if not self.history:
-            return Shown(Display())
+            return Shown(Display(Paragraph("Not a history: no member comes before another to compare with.")))
         order = {m["name"]: i for i, m in enumerate(self.members)}
         turned = sorted({order[name] for name in first_turned(self.members, WARNING).values()})
         blocks = []
