@@ -67,9 +67,11 @@ def test_a_healthy_run_trains_unchanged_and_gets_a_dated_report(checkpoint, tmp_
     # every check of a notebook the callback runs is answered: the steps it does not run say why
     from workbench.catalog import notebook
 
-    for name in ("01_dtype_distribution", "04_forward_checks", "09_training_step", "07_data_path"):
+    for name in ("01_dtype_distribution", "04_forward_checks", "09_training_step", "07_data_path", "08_training_run"):
         answered = {f["id"] for f in report["findings"] if f["notebook"] == name}
         assert answered == set(notebook(name).checks), name
+    versions = next(f for f in report["findings"] if f["id"] == "run.versions")  # read from the saved files only
+    assert versions["verdict"] == "skip" and f"workbench diagnose {(tmp_path / 'with').resolve()}" in versions["fix"]
     census = next(f for f in report["findings"] if f["id"] == "dtype.census")
     assert census["verdict"] == "skip" and "workbench diagnose" in census["detail"]
     listing = (tmp_path / "with" / "workbench" / "index.html").read_text()  # every report of this output_dir

@@ -66,13 +66,14 @@ VERSIONS_LIVE = ("reads the versions a run recorded in its saved files against t
 def run_autopsy(args, state, model, diagnosis, folder: Path) -> str:
     """Notebook 08's steps on the live state, as a part of `diagnosis` (replacing its earlier autopsy); the part's
     name."""
-    from workbench.report.diagnosis import DIAGNOSE_A_SAVE, Withheld, plan_part
+    from workbench.report.diagnosis import Withheld, plan_part
 
     run_dir = Path(args.output_dir).resolve()
     state_path = folder / "trainer_state.json"
     state.save_to_json(str(state_path))
     part = diagnosis.add(plan_part(diagnosis.target, "08_training_run", applies=True, withheld={
-        "versions": Withheld("Not run by the callback", VERSIONS_LIVE, DIAGNOSE_A_SAVE)}))
+        "versions": Withheld("Not run by the callback", VERSIONS_LIVE,
+                             f"`workbench diagnose {run_dir} --notebooks 08` once the run has saved.")}))
     # the run_dir step's result is the live output_dir; the log is the live state, judged as `diagnose` judges one
     diagnosis.run_in_process(folder, [part], seed={"run_dir": run_dir}, replaced={
         "training_log": lambda *_inputs: live_training_log(run_dir, state_path, args, model)})
