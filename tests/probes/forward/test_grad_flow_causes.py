@@ -304,3 +304,31 @@ def test_a_nan_loss_is_no_verdict_not_a_break(family, nan):
     _, finding = _finding(prepared, target)
     assert finding.verdict == ("error" if nan else "pass"), (finding.title, finding.detail)
     assert ("no gradient verdict is possible" in finding.title + finding.detail) == nan
+
+
+class LayerDrop(nn.Module):
+    """A layerdrop in the way BART's, Whisper's and canary's encoders draw it: from the global random state."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        if self.training and torch.rand([]) < 0.5:
+            return torch.zeros_like(x)
+        return self.inner(x)
+
+
+def test_a_layerdrop_draw_does_not_depend_on_what_ran_before(family):
+    """Notebook 03's Trainer reseeds the global state: the draw (so the verdict) must not follow the order of probes,
+    and the probe leaves the global state as it found it."""
+    prepared, target, layer, *_ = _llama(family)
+    layer.mlp = LayerDrop(layer.mlp)
+    answers = set()
+    for seed in range(6):
+        torch.manual_seed(seed)
+        state = torch.random.get_rng_state()
+        result, finding = _finding(prepared, target)
+        answers.add((finding.verdict, finding.title, tuple(sorted(r.name for r in result.rows if r.status != "ok"))))
+        assert torch.equal(torch.random.get_rng_state(), state)
+    assert len(answers) == 1, answers

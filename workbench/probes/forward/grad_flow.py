@@ -271,6 +271,16 @@ def _lora_b_is_zero(model: nn.Module, a_name: str) -> bool:
     return b_name in params and not bool(params[b_name].detach().abs().sum())
 
 
+@contextlib.contextmanager
+def _seeded(model: nn.Module):
+    """The step's dropout and layerdrop draws fixed, the global random state restored after: which layers a
+    layerdrop skips (and so which tensors get no gradient) must not depend on which probes ran before this one."""
+    cuda = sorted({p.device for p in model.parameters() if p.device.type == "cuda"}, key=str)
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(0)
+        yield
+
+
 def grad_flow_probe(prepared, target) -> GradFlowResult:
     model = prepared.model
     if not any(p.requires_grad for p in model.parameters()):  # e.g. an adapter loaded for inference (plain)
@@ -304,14 +314,15 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
         return autocast_in(device_type_of(model), compute_dtype_of(model))
 
     try:
-        with autocast(), tracer:
+        with _seeded(model), autocast(), tracer:
             loss = loss_of(model(**inputs))
         reach = tracer.reach_of(loss)
         loss_value = float(loss.detach().float())
         if not math.isfinite(loss_value):  # NaN != NaN: every shift would read as "the loss moves"
             raise FloatingPointError(f"the loss of this batch is {loss_value} (every label masked, or the forward "
                                      "overflowed), so no gradient verdict is possible")
-        with (fp32_half_matmul() if device_type_of(model) == "cpu" else contextlib.nullcontext()) as promoted:
+        with _seeded(model), (fp32_half_matmul() if device_type_of(model) == "cpu"
+                              else contextlib.nullcontext()) as promoted:
             loss.backward()
     except Exception as exc:  # noqa: BLE001 - e.g. "element 0 of tensors does not require grad"
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
