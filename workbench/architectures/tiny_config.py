@@ -46,6 +46,10 @@ SIZES: dict[str, int] = {
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "moe_topk", "num_selected_experts"), 2),
     **dict.fromkeys(("n_shared_experts", "num_shared_experts", "n_group", "topk_group", "first_k_dense_replace"), 1),
+    # a latent array's width, length, depth and heads (Perceiver: 1280 x 256 latents through 26 self-attentions by
+    # default, the largest model of the census by far: minutes a record on a CPU without bf16 matmul kernels)
+    "d_latents": WIDTH, "num_latents": 16, "num_self_attends_per_block": LAYERS,
+    **dict.fromkeys(("num_self_attention_heads", "num_cross_attention_heads"), HEADS),
 }
 KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
 LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "depth")
