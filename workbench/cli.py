@@ -104,8 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="load dtype: auto (config.json's), bf16, fp16, fp32")
     p.add_argument("--gpu", help="the GPU's name (h100, a100-40gb, l4, rtx4090, …)")
     p.add_argument("--memory", help="the memory budget instead of --gpu: 24GiB, 80GB, bytes")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs in the launch: with fsdp / fsdp_config (or a DeepSpeed "
-                   "ZeRO-3 config) in the training arguments, one rank's step under FSDP; else DDP (adds its buffers)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs in the launch (default: the accelerate config's "
+                   "num_processes, else 1): with fsdp / fsdp_config (or a DeepSpeed ZeRO-3 config) in the training "
+                   "arguments or the accelerate config, one rank's step under FSDP; else DDP (adds its buffers)")
+    p.add_argument("--accelerate-config", metavar="FILE", help="the YAML `accelerate config` wrote, as you pass it "
+                   "to `accelerate launch --config_file`: processes, mixed precision, FSDP or DeepSpeed ZeRO-3")
     p.add_argument("--packed", action="store_true", help="batches without padding (packing, or every row at the full "
                    "length): the model skips its attention mask (default: padded batches; SFTConfig(packing=True) "
                    "implies it)")

@@ -18,7 +18,8 @@ def plan_command(args) -> int:
     budget = gpu_bytes(args.gpu) if args.gpu else parse_bytes(args.memory) if args.memory else None
     setup = plan_setup(args.checkpoint, training_args=args.training_args, peft=args.peft, setup=args.setup,
                        seq=args.seq, batch=args.batch, device=args.device, dtype=args.dtype, base=args.base,
-                       packed=True if args.packed else None, gpus=args.gpus)
+                       packed=True if args.packed else None, gpus=args.gpus,
+                       accelerate_config=args.accelerate_config)
     plan = make_plan(setup, budget_bytes=budget, budget_name=args.gpu or args.memory, explore=not args.quick)
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2, default=str))

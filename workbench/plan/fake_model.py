@@ -71,8 +71,11 @@ class FourBitLinear(nn.Linear):
         self.compute_dtype = compute_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # as bitsandbytes' Linear4bit.forward (0.50.2, nn/modules.py:626-637): computed in the compute dtype,
+        # returned in the input's (fp32 after prepare_model_for_kbit_training's upcast of the norms)
         out = _DequantizingMatmul.apply(x.to(self.compute_dtype), self.weight, self.out_features, self.in_features)
-        return out + self.bias.to(out.dtype) if self.bias is not None else out
+        out = out + self.bias.to(out.dtype) if self.bias is not None else out
+        return out.to(x.dtype)
 
 
 def quantize_4bit(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool, skip: set[str]) -> list[str]:

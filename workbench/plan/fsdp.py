@@ -42,8 +42,28 @@ def transformers_default_plugin_args() -> dict[str, Any]:
     return dict(build_arguments(TrainingArguments, {"fsdp": True}, "fsdp").fsdp_plugin_args)
 
 
-def mixed_precision(setup) -> str:
-    return "bf16" if setup.args.bf16 else "fp16" if setup.args.fp16 else "no"
+# FSDP1's sharding strategies that fully_shard expresses (accelerate's FSDP_SHARDING_STRATEGY names, or their
+# 1-based numbers): resharded after forward, or kept gathered until backward
+FSDP1_RESHARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
+FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+
+
+def as_fsdp2(plugin_args: dict[str, Any], environment: dict[str, str]) -> tuple[dict[str, Any], int]:
+    """(the plugin arguments planned as FSDP2, the version asked for). FSDP1 (from fsdp_config version 1 or an
+    accelerate config's fsdp_version 1) is planned as fully_shard: its sharding strategy becomes
+    reshard_after_forward; a strategy fully_shard cannot express is one line (UsageError)."""
+    version = int(plugin_args.get("fsdp_version") or environment.get("FSDP_VERSION") or 1)
+    if version != 1:
+        return {**plugin_args, "fsdp_version": 2}, version
+    strategy = str(plugin_args.get("reshard_after_forward") or plugin_args.get("sharding_strategy")
+                   or environment.get("FSDP_SHARDING_STRATEGY") or "FULL_SHARD").upper()
+    if strategy.isdigit() and 1 <= int(strategy) <= len(FSDP1_STRATEGIES):
+        strategy = FSDP1_STRATEGIES[int(strategy) - 1]
+    if strategy not in FSDP1_RESHARD:
+        raise UsageError(f"FSDP1 sharding strategy {strategy}: not planned (fully_shard plans FULL_SHARD and "
+                         "SHARD_GRAD_OP; use one of them, or fsdp_version 2 with reshard_after_forward)")
+    args = {k: v for k, v in plugin_args.items() if k != "sharding_strategy"}
+    return {**args, "fsdp_version": 2, "reshard_after_forward": FSDP1_RESHARD[strategy]}, version
 
 
 @contextlib.contextmanager
@@ -73,9 +93,17 @@ def shard_as_accelerate(model, setup) -> dict[str, Any]:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    plugin_args = {**setup.fsdp, "fsdp_version": 2}  # FSDP1 is planned as FSDP2 (the caller says so)
-    plugin = FullyShardedDataParallelPlugin(**plugin_args)
-    precision = mixed_precision(setup)
+    from workbench.plan.launch import launched
+
+    # FSDP1 is planned as FSDP2 (the caller says so); the plugin reads the launch's FSDP_* fields the training
+    # arguments leave unset, as the Trainer's Accelerator builds it in each process of the run
+    plugin_args, version = as_fsdp2(setup.fsdp, setup.launch_environment)
+    # how the weights reach the ranks (rank 0 loads, then broadcasts), not what a step holds: off, as the fake
+    # model's weights are already in place on every rank
+    plugin_args["cpu_ram_efficient_loading"] = False
+    with launched({**setup.launch_environment, "FSDP_VERSION": "2"} if setup.launch_environment else {}):
+        plugin = FullyShardedDataParallelPlugin(**plugin_args)
+    precision = setup.precision
     if precision != "no":
         plugin.set_mixed_precision(precision)
     accelerator = types.SimpleNamespace(state=types.SimpleNamespace(fsdp_plugin=plugin), mixed_precision=precision,
@@ -92,4 +120,4 @@ def shard_as_accelerate(model, setup) -> dict[str, Any]:
         raise RuntimeError("accelerate's fsdp2_prepare_model returned another module than it was given")
     units = [name or "(root)" for name, m in model.named_modules() if isinstance(m, FSDPModule)]
     left_out = [name for name, p in model.named_parameters() if not isinstance(p, DTensor)]
-    return {"units": units, "left_out": left_out, "version": int(setup.fsdp.get("fsdp_version", 2))}
+    return {"units": units, "left_out": left_out, "version": version}

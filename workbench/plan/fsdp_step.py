@@ -28,8 +28,8 @@ from workbench.plan.fsdp import fake_process_group, shard_as_accelerate
 from workbench.plan.step import (
     StepMemory,
     build_model,
-    enable_checkpointing,
     fake_device,
+    prepare_as_the_trainer,
     run_steps,
     trainer_optimizer,
     training_batch,
@@ -105,7 +105,7 @@ def _sharded_fake_step(setup) -> StepMemory:
     start = time.monotonic()
     model, notes = build_model(setup)
     device = fake_device(setup, notes)
-    enable_checkpointing(setup, model)  # the Trainer turns it on before accelerator.prepare shards the model
+    prepare_as_the_trainer(setup, model)  # before accelerator.prepare shards the model, as the Trainer
     with fake_process_group(setup.gpus):
         # sharded on the meta device, outside FakeTensorMode: fully_shard builds its device mesh from real tensors
         # (torchtitan builds its mesh outside the fake mode too)

@@ -235,7 +235,7 @@ def _fsdp_toggle(plan: Plan) -> dict[str, Any] | None:
     candidates = [n for n in FSDP_GPUS if n > (setup.gpus if setup.sharded else 1)]
     if not candidates:
         return None
-    sharded = setup.replace(fsdp=setup.fsdp or transformers_default_plugin_args(),
+    sharded = setup.replace(fsdp=setup.fsdp if setup.fsdp is not None else transformers_default_plugin_args(),
                             fsdp_source=setup.fsdp_source or "transformers' default: TrainingArguments(fsdp=True)")
     peak, failed = 0, None
     for chosen in candidates:

@@ -35,13 +35,13 @@ def measure(case: dict[str, Any], world_size: int) -> dict[str, Any]:
     from workbench.plan.fsdp import shard_as_accelerate
     from workbench.plan.fsdp_step import rank_bytes, sharded_breakdown, tracked_sharded_steps
     from workbench.plan.setup import plan_setup
-    from workbench.plan.step import build_model, enable_checkpointing, training_batch
+    from workbench.plan.step import build_model, prepare_as_the_trainer, training_batch
 
     setup = plan_setup(case["checkpoint"], training_args=case["training_args"], peft=case.get("peft"),
                        seq=case["seq"], batch=case["batch"], device="cpu", gpus=world_size)
     torch.manual_seed(0)
     model, _ = build_model(setup, device="cpu")
-    enable_checkpointing(setup, model)
+    prepare_as_the_trainer(setup, model)
     sharding = shard_as_accelerate(model, setup)
     inputs = training_batch(setup, "cpu")
     # a padded position, as a padding collator leaves one (the plan's default): with an all-ones mask on real

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import UsageError
+from workbench.plan.launch import read_accelerate_config
 
 SETUPS = ("plain", "qlora")
 DEFAULT_SEQ = 1024  # when neither --seq nor the training arguments' max_length / max_seq_length say; at most the
@@ -79,6 +80,8 @@ class PlanSetup:
     gpus: int = 1  # ranks of the launch (--gpus)
     fsdp: dict[str, Any] | None = None  # FSDP plugin arguments, as the Trainer hands them to accelerate
     fsdp_source: str | None = None  # where they came from, in words
+    launch_environment: dict[str, str] = dataclasses.field(default_factory=dict)  # what `accelerate launch` sets
+    launch_source: str | None = None  # the accelerate config file it came from
 
     def replace(self, **changes: Any) -> PlanSetup:
         return dataclasses.replace(self, **changes)
@@ -89,6 +92,16 @@ class PlanSetup:
         return self.fsdp is not None and self.gpus > 1
 
     @property
+    def precision(self) -> str:
+        """fp16, bf16 or no, as TrainingArguments decides it (transformers 5.23 training_args.py, "Mixed
+        Precision"): its fp16 / bf16 fields, else the launch's ACCELERATE_MIXED_PRECISION."""
+        if self.args.fp16:
+            return "fp16"
+        if self.args.bf16:
+            return "bf16"
+        return self.launch_environment.get("ACCELERATE_MIXED_PRECISION", "no")
+
+    @property
     def gradient_checkpointing(self) -> bool:
         return bool(self.args.gradient_checkpointing)
 
@@ -96,10 +109,11 @@ class PlanSetup:
         return {"checkpoint": self.checkpoint, "model_type": self.config.model_type, "setup": self.setup,
                 "peft": self.peft_source, "training_args": self.args_source, "batch": self.batch, "seq": self.seq,
                 "seq_source": self.seq_source, "gradient_checkpointing": self.gradient_checkpointing,
-                "optimizer": getattr(self.args.optim, "value", str(self.args.optim)), "bf16": bool(self.args.bf16), "fp16": bool(self.args.fp16),
+                "optimizer": getattr(self.args.optim, "value", str(self.args.optim)), "bf16": self.precision == "bf16", "fp16": self.precision == "fp16",
                 "gradient_accumulation_steps": self.args.gradient_accumulation_steps, "device": self.device,
                 "dtype": str(self.dtype).removeprefix("torch."), "packed": self.packed, "gpus": self.gpus,
-                "fsdp": self.fsdp if self.sharded else None, "fsdp_source": self.fsdp_source}
+                "fsdp": self.fsdp if self.sharded else None, "fsdp_source": self.fsdp_source,
+                "accelerate_config": self.launch_source}
 
 
 def read_peft(path: str) -> dict[str, Any]:
@@ -136,13 +150,16 @@ def _arguments(training_args: str | None, overrides: dict[str, Any]):
     return build_arguments(cls, fields, "--training-args"), source, deepspeed
 
 
-def _sharding(args, deepspeed) -> tuple[dict[str, Any] | None, str | None]:
+def _sharding(args, deepspeed, launch) -> tuple[dict[str, Any] | None, str | None]:
     """The FSDP plugin arguments the run would use and where they come from: the Trainer's own `fsdp_plugin_args`
     (from `fsdp` / `fsdp_config`), or a DeepSpeed ZeRO-3 configuration planned as FSDP's full sharding (the same
     sharding of parameters, gradients and optimizer states; DeepSpeed is not installed here, so its own buffers are
     not modelled). A set-up the planner cannot shard on fake tensors is one line (UsageError)."""
     from workbench.plan.fsdp import transformers_default_plugin_args
 
+    where = "the training arguments' deepspeed"
+    if deepspeed is None and launch is not None and launch.deepspeed is not None:  # the Trainer's own field wins
+        deepspeed, where = launch.deepspeed, f"the accelerate config {launch.source} (distributed_type DEEPSPEED)"
     if deepspeed is not None:
         stage, offload = _zero_stage(deepspeed)
         if stage != 3:
@@ -151,10 +168,15 @@ def _sharding(args, deepspeed) -> tuple[dict[str, Any] | None, str | None]:
         if offload:
             raise UsageError(f"deepspeed ZeRO-3 with {offload}: offloading is not planned (the plan's fake tensors "
                              "cannot tell host memory from the GPU's)")
-        return transformers_default_plugin_args(), ("deepspeed ZeRO-3, planned as FSDP2 full sharding (fully_shard: the same "
+        return transformers_default_plugin_args(), (f"{where}: ZeRO-3, planned as FSDP2 full sharding (fully_shard: the same "
                                            "sharding of parameters, gradients and optimizer states; DeepSpeed itself "
                                            "is not installed here and its buffers are not modelled)")
     plugin_args = getattr(args, "fsdp_plugin_args", None) if getattr(args, "fsdp", None) else None
+    if not plugin_args and launch is not None and launch.fsdp:  # the Trainer's Accelerator reads the launch's FSDP_*
+        if launch.environment.get("FSDP_OFFLOAD_PARAMS") == "true":
+            raise UsageError(f"{launch.source}: fsdp_offload_params: offloading is not planned (the plan's fake "
+                             "tensors cannot tell host memory from the GPU's)")
+        return {}, f"the accelerate config {launch.source} (distributed_type FSDP)"
     if not plugin_args:
         return None, None
     if plugin_args.get("cpu_offload"):
@@ -180,7 +202,8 @@ def _zero_stage(deepspeed) -> tuple[int | None, str | None]:
 
 def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str | None = None, setup: str = "plain",
                seq: int | None = None, batch: int | None = None, device: str = "cuda", dtype: str = "auto",
-               base: str | None = None, packed: bool | None = None, gpus: int = 1) -> PlanSetup:
+               base: str | None = None, packed: bool | None = None, gpus: int | None = None,
+               accelerate_config: str | None = None) -> PlanSetup:
     """Resolve the checkpoint's config (headers only: no weight is read) and the training set-up; UsageError on bad
     input."""
     import torch
@@ -189,8 +212,10 @@ def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str |
 
     if setup not in SETUPS:
         raise UsageError(f"--setup {setup}: the planner knows {', '.join(SETUPS)}")
-    if seq is not None and seq < 1 or batch is not None and batch < 1 or gpus < 1:
+    if seq is not None and seq < 1 or batch is not None and batch < 1 or gpus is not None and gpus < 1:
         raise UsageError("--seq, --batch and --gpus: use 1 or more")
+    launch = read_accelerate_config(accelerate_config) if accelerate_config else None
+    gpus = gpus or (launch.processes if launch else 1)  # --gpus wins, as --num_processes does over the file
     model_dir = config_folder(checkpoint, base)  # a config.json alone is enough: no weight is read
     folder = Path(checkpoint).expanduser()
     adapter_dir = folder if (folder / "adapter_config.json").is_file() else None
@@ -207,7 +232,7 @@ def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str |
     elif adapter_dir is not None:
         peft_fields, peft_source = read_peft(str(adapter_dir)), str(adapter_dir)
     args, args_source, deepspeed = _arguments(training_args, {"per_device_train_batch_size": batch})
-    fsdp, fsdp_source = _sharding(args, deepspeed)
+    fsdp, fsdp_source = _sharding(args, deepspeed, launch)
     plannable_class(config)
     limit = position_limit(config)
     if seq is None:
@@ -233,4 +258,4 @@ def plan_setup(checkpoint: str, *, training_args: str | None = None, peft: str |
         packed = bool(getattr(args, "packing", False))
     return PlanSetup(checkpoint, Path(model_dir), config, setup, peft_fields, peft_source, args, args_source,
                      int(args.per_device_train_batch_size), int(seq), seq_source, device, load_dtype, packed, gpus,
-                     fsdp, fsdp_source)
+                     fsdp, fsdp_source, launch.environment if launch else {}, launch.source if launch else None)

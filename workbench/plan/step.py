@@ -97,9 +97,9 @@ def trainer_optimizer(setup, model):
 
 
 def _autocast(setup, device: str):
-    if setup.args.bf16:
+    if setup.precision == "bf16":
         return torch.autocast(device, dtype=torch.bfloat16)
-    if setup.args.fp16:
+    if setup.precision == "fp16":
         return torch.autocast(device, dtype=torch.float16)
     return contextlib.nullcontext()
 
@@ -149,19 +149,22 @@ def value_independent(step, setup) -> StepMemory:
                            "so its step cannot be planned") from None
 
 
-def enable_checkpointing(setup, model) -> None:
-    """Gradient checkpointing as the Trainer turns it on, before the model is prepared (sharded) for the run."""
+def prepare_as_the_trainer(setup, model) -> None:
+    """What the Trainer does to the model before accelerator.prepare (which shards it): gradient checkpointing
+    turned on, and `config.use_cache` set to the training arguments' `use_cache` (default False; transformers 5.23
+    trainer.py, "11. Finalize"). A cache built in a training forward is appended to again when activation
+    checkpointing recomputes a layer in backward (FSDP's own, fsdp2_apply_ac, included)."""
     if setup.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=setup.args.gradient_checkpointing_kwargs)
-        if getattr(model, "config", None) is not None:
-            model.config.use_cache = False
+    if getattr(model, "config", None) is not None:
+        model.config.use_cache = bool(getattr(setup.args, "use_cache", False) and not setup.gradient_checkpointing)
 
 
 def run_steps(setup, model, optimizer, inputs, tracker, device: str) -> int:
     """The Trainer's STEPS training steps under `tracker` (entered by the caller): the forward and the loss under
     the set-up's autocast, backward (through a GradScaler under fp16), the optimizer step, zero_grad; each phase
     marked. Returns the first step's peak."""
-    scaler = torch.amp.GradScaler(device, enabled=bool(setup.args.fp16))
+    scaler = torch.amp.GradScaler(device, enabled=setup.precision == "fp16")
     first = 0
     for step in range(STEPS):
         with _autocast(setup, device):
@@ -202,7 +205,7 @@ def _fake_step(setup) -> StepMemory:
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     counts = describe_trainable(model)
     with fake_mode:
-        enable_checkpointing(setup, model)
+        prepare_as_the_trainer(setup, model)
         model.train()
         optimizer, optimizer_name = trainer_optimizer(setup, model)
         inputs = training_batch(setup, device)
