@@ -53,14 +53,12 @@ class SweepRun:
         return json.loads((self.folder / member["report"] / "findings.json").read_text())
 
 
-def run_sweep(arguments: list[str], reports: Path, popen_hook=None, env: dict | None = None) -> SweepRun:
+def run_sweep(arguments: list[str], reports: Path, env: dict | None = None) -> SweepRun:
     """`python -m workbench sweep ARGUMENTS --reports-dir REPORTS` in a subprocess, as a user runs it.
-    `popen_hook(process)`: called while it runs (the Ray test kills a worker there)."""
+    `env`: added to this process' environment."""
     command = [sys.executable, "-m", "workbench", "sweep", *arguments, "--reports-dir", str(reports)]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-    if popen_hook is not None:
-        popen_hook(process)
     stdout, stderr = process.communicate(timeout=1800)
     result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     folders = [p for p in reports.glob("*/*") if p.is_dir()]

@@ -4,14 +4,11 @@ check, the same verdicts on both engines, and a Ray worker killed mid-sweep whos
 lost attempt in its cost block. Members are diagnosed with notebook 00 only (`--notebooks 00`): it answers both
 faults, and every member still goes through `diagnose`'s path."""
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0",
            # the test's cluster listens on loopback only, for this session: no token to share with the CLI's process
            "RAY_AUTH_MODE": "disabled"}
 START_TRIES = 3  # on a loaded 2-core machine Ray's raylet sometimes misses its own 30 s start-up deadline
+CRASH_ONCE = Path(__file__).with_name("crash_once")
 
 
 @pytest.fixture(scope="session")
@@ -79,38 +77,17 @@ def _cluster_processes(temp: Path):
     return list(found.values())
 
 
-def _kill_the_first_member_task(process: subprocess.Popen) -> None:
-    """Wait until a worker is inside a member's diagnosis (its process title `ray::diagnose_sweep_member` and the
-    member's kernel alive under it: the diagnosis closes its kernel before the task returns, so the task cannot have
-    finished), then kill it and that kernel: a worker lost mid-task."""
-    import psutil
-
-    from workbench.sweep.ray_engine import TASK_NAME
-
-    deadline = time.monotonic() + 600
-    while process.poll() is None and time.monotonic() < deadline:
-        for candidate in psutil.process_iter(["cmdline"]):
-            if not " ".join(candidate.info["cmdline"] or []).startswith(f"ray::{TASK_NAME}"):
-                continue
-            try:
-                children = candidate.children(recursive=True)
-                if not any("ipykernel" in " ".join(child.cmdline()) for child in children):
-                    continue  # not yet (or no longer) inside the diagnosis
-                candidate.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                continue
-            for child in children:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    child.kill()
-            return
-        time.sleep(0.2)
-    raise AssertionError("no Ray worker ran a member before the sweep ended")
-
-
 @pytest.fixture(scope="session")
 def ray_sweep(three_runs, ray_cluster, tmp_path_factory):
-    return run_sweep([*three_runs, "--notebooks", "00", "--engine", "ray", "--address", ray_cluster],
-                     tmp_path_factory.mktemp("ray-sweep"), popen_hook=_kill_the_first_member_task, env=RAY_ENV)
+    """The sweep on Ray, its first member task's worker killed once as it starts (tests/sweep/crash_once: a
+    sitecustomize the sweep's worker environment carries into the Ray workers)."""
+    reports = tmp_path_factory.mktemp("ray-sweep")
+    crash = {"PYTHONPATH": os.pathsep.join(filter(None, [str(CRASH_ONCE), os.environ.get("PYTHONPATH")])),
+             "WORKBENCH_CRASH_ONCE": str(reports / "crashed-once")}
+    sweep = run_sweep([*three_runs, "--notebooks", "00", "--engine", "ray", "--address", ray_cluster], reports,
+                      env={**RAY_ENV, **crash})
+    assert (reports / "crashed-once").exists(), "no Ray worker started a member: the planted crash never ran"
+    return sweep
 
 
 def test_each_bad_run_of_a_sweep_is_named_by_its_own_check(local_sweep):
@@ -130,16 +107,11 @@ def test_ray_gives_the_local_engines_verdicts(local_sweep, ray_sweep):
         assert (ray_sweep.folder / member["report"] / "00_saved_files.html").is_file()
 
 
-# Opt-in until the kill is deterministic: the test passed alone (2 of 2 runs) and failed inside the whole suite under
-# xdist (2 of 2: every member reported 1 attempt), so its hook's race with the process table is not settled; a test
-# that depends on timing is worse than none. WORKBENCH_RAY_KILL_TEST=1 runs it.
-@pytest.mark.skipif(not os.environ.get("WORKBENCH_RAY_KILL_TEST"),
-                    reason="opt-in (WORKBENCH_RAY_KILL_TEST=1): its kill races the process table inside the full suite")
 def test_a_worker_killed_mid_sweep_is_retried_and_its_member_reported(ray_sweep):
     costs = {m["name"]: ray_sweep.member_report(m["name"])["cost"]["sweep"] for m in ray_sweep.document["members"]}
     retried = [name for name, cost in costs.items() if cost["attempts"] == 2]
     assert len(retried) == 1, costs
     [lost] = costs[retried[0]]["lost_attempts"]
-    assert "WorkerCrashedError" in lost["lost"] or "NodeDiedError" in lost["lost"], lost
+    assert "WorkerCrashedError" in lost["lost"], lost
     assert all(m["report"] for m in ray_sweep.document["members"])
     assert "attempt 2 of 3" in ray_sweep.result.stdout
