@@ -40,6 +40,12 @@ def test_tiny_configs_shrink_every_level_and_keep_what_the_sizes_derive():
     assert (whisper.d_model, whisper.encoder_layers, whisper.num_mel_bins) == (64, 2, 80)  # audio input kept
     assert _config("llama").vocab_size == 256
     assert _config("qwen2_5_vl").text_config.vocab_size > qwen.image_token_id  # a special id keeps its row
+    # sizes under other names: Perceiver's latent array (its defaults, 1280 x 256 through 26 self-attentions, were
+    # minutes a record without bf16 matmul kernels) and SAM-style vision MLPs (GOT-OCR2's mlp_dim 3072)
+    perceiver = _config("perceiver")
+    assert (perceiver.d_latents, perceiver.num_latents, perceiver.num_self_attends_per_block) == (64, 16, 2)
+    assert (perceiver.num_self_attention_heads, perceiver.num_cross_attention_heads) == (4, 4)
+    assert _config("got_ocr2").vision_config.mlp_dim == 128
 
 
 def test_the_census_covers_every_auto_mapped_type_with_the_head_people_fine_tune():

@@ -35,7 +35,7 @@ SIZES: dict[str, int] = {
                      "projector_hidden_size", "hidden_dim_text", "output_dim"), WIDTH),
     **dict.fromkeys(("intermediate_size", "d_ff", "ffn_dim", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim",
                      "ffn_hidden_size", "hidden_dim", "moe_intermediate_size", "shared_expert_intermediate_size",
-                     "projector_intermediate_size", "text_intermediate_size"), FFN),
+                     "projector_intermediate_size", "text_intermediate_size", "mlp_dim"), FFN),
     **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
                      "depth", "num_decoder_layers", "num_encoder_layers", "text_layers", "vision_layers"), LAYERS),
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads",
