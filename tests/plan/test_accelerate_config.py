@@ -146,6 +146,13 @@ def test_the_run_stated_in_an_accelerate_config_plans_as_the_same_run_in_trainin
     checkpointed = step(accelerate_config=config("ac", fsdp2(checkpointing="true")))
     assert checkpointed.breakdown["activations"] < launched.breakdown["activations"]
     full, grad_op = (step(accelerate_config=config(s.lower(), fsdp1(s))) for s in ("FULL_SHARD", "SHARD_GRAD_OP"))
+    # the printed plan says where the launch came from
+    from workbench.plan.planner import make_plan
+
+    ddp = make_plan(plan_setup(str(folder), device="cpu", seq=64, batch=4, accelerate_config=str(
+        accelerate_config(tmp_path, "ddp", "MULTI_GPU", processes=4))), explore=False)
+    assert "4 GPUs (DDP); the launch (processes, mixed precision, sharding) read from the accelerate config" in str(ddp)
+    assert "bf16 autocast" in str(ddp)
     assert full.breakdown == launched.breakdown
     assert any("fsdp_config version 1" in note for note in grad_op.notes)
     assert grad_op.peak_bytes > full.peak_bytes

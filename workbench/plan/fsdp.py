@@ -101,7 +101,7 @@ def shard_as_accelerate(model, setup) -> dict[str, Any]:
     # how the weights reach the ranks (rank 0 loads, then broadcasts), not what a step holds: off, as the fake
     # model's weights are already in place on every rank
     plugin_args["cpu_ram_efficient_loading"] = False
-    with launched({**setup.launch_environment, "FSDP_VERSION": "2"} if setup.launch_environment else {}):
+    with launched(setup.launch_environment):
         plugin = FullyShardedDataParallelPlugin(**plugin_args)
     precision = setup.precision
     if precision != "no":

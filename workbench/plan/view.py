@@ -25,7 +25,9 @@ def plan_view(plan) -> Display:
             f"{'bf16' if s['bf16'] else 'fp16' if s['fp16'] else 'fp32'} autocast, {d['trainable_parameters']:,} of "
             f"{d['parameters']:,} parameters trainable, device {s['device']}"
             + (f", FSDP over {s['gpus']} GPUs: the figures are one rank's" if s["fsdp"] else
-               f", {s['gpus']} GPUs (DDP)" if s["gpus"] > 1 else ""))
+               f", {s['gpus']} GPUs (DDP)" if s["gpus"] > 1 else "")
+            + (f"; the launch (processes, mixed precision, sharding) read from the accelerate config "
+               f"{s['accelerate_config']}" if s.get("accelerate_config") else ""))
     rows = [[k, gib(v)] for k, v in d["breakdown"].items() if not k.startswith("unseen") and v]
     rows += [[Inline(Bold("unseen: "), t["id"]), f"{gib(t['bytes'])}"
               + (f" ({gib(t['low'])} … {gib(t['high'])})" if t.get("low") is not None else "")]
