@@ -148,37 +148,51 @@ def edit_json():
     return edit
 
 
-# Under pytest-xdist (`make test` runs two workers), the tests that need the demo's trained recipes (a minute and a
-# half to train) and the shared demo diagnosis run on one worker: session fixtures are per worker. The controller
-# schedules by node id alone, so they are listed here; collection fails when a test needs the recipes unlisted.
-# (xdist's own `--dist loadgroup` renames node ids through `item._nodeid`, which pytest 9.2 no longer reads.)
-DEMO_RECIPES_TESTS = ("tests/report/test_browser.py::", "tests/probes/evaluation/test_recipe_training.py::",
+# Under pytest-xdist (`make test` runs two workers), session fixtures are per worker: a test group that shares an
+# expensive one runs on one worker, or the fixture is built on both. The controller schedules by node id alone, so
+# the groups are listed here by node-id prefix, with the fixtures that make them one; collection fails when a test
+# asks for such a fixture outside its group. (xdist's own `--dist loadgroup` renames node ids through
+# `item._nodeid`, which pytest 9.2 no longer reads.)
+ONE_WORKER_GROUPS = {
+    # the demo's trained recipes (a minute and a half to train) and the shared demo diagnosis
+    "demo-recipes": (("demo_recipes", "demo_report"),
+                     ("tests/report/test_browser.py::", "tests/probes/evaluation/test_recipe_training.py::",
                       "tests/report/test_demo_report.py::",
-                      "tests/report/test_hardening.py::test_checkpoint_folders_are_byte_identical_after_a_diagnosis")
+                      "tests/report/test_hardening.py::test_checkpoint_folders_are_byte_identical_after_a_diagnosis")),
+    # the sweep of three runs on the local engine and on a local Ray cluster (a minute each)
+    "sweep-of-three-runs": (("local_sweep", "ray_sweep", "ray_cluster"),
+                            ("tests/sweep/test_engines.py::", "tests/sweep/test_sweep_page.py::")),
+}
+
+
+def one_worker_group(nodeid: str) -> str | None:
+    return next((name for name, (_, prefixes) in ONE_WORKER_GROUPS.items() if nodeid.startswith(prefixes)), None)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class DemoRecipesOnOneWorker(LoadScopeScheduling):
-        """Every test its own unit of work, except the demo-recipes tests: one unit (test_browser.py is collected
-        first, so it is the first unit handed out)."""
+    class GroupsOnOneWorker(LoadScopeScheduling):
+        """Every test its own unit of work, except each group of ONE_WORKER_GROUPS: one unit (xdist hands out the
+        units with the most tests first, so the groups start at once, on different workers)."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return "demo-recipes" if nodeid.startswith(DEMO_RECIPES_TESTS) else nodeid
+            return one_worker_group(nodeid) or nodeid
 
-    return DemoRecipesOnOneWorker(config, log)
+    return GroupsOnOneWorker(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    unlisted = [item.nodeid for item in items
-                if "demo_recipes" in item.fixturenames and not item.nodeid.startswith(DEMO_RECIPES_TESTS)]
-    if unlisted:
-        raise pytest.UsageError(f"{unlisted[0]} needs the demo's recipes: add it to DEMO_RECIPES_TESTS in "
-                                "tests/conftest.py, so that pytest-xdist runs it beside the others")
+    for name, (fixtures, prefixes) in ONE_WORKER_GROUPS.items():
+        unlisted = [(item.nodeid, fixture) for item in items for fixture in fixtures
+                    if fixture in item.fixturenames and not item.nodeid.startswith(prefixes)]
+        if unlisted:
+            nodeid, fixture = unlisted[0]
+            raise pytest.UsageError(f"{nodeid} needs {fixture}: add it to the {name!r} group of ONE_WORKER_GROUPS "
+                                    "in tests/conftest.py, so that pytest-xdist runs it beside the others")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")

@@ -11,12 +11,12 @@ from lora_history import build_lora_run, plant
 
 @dataclasses.dataclass(frozen=True)
 class LoraRuns:
-    """Trainer output_dirs of one real LoRA run (checkpoint-1 … checkpoint-6) and copies with planted faults."""
+    """Trainer output_dirs of one real LoRA run (checkpoint-1 … checkpoint-4) and copies with planted faults."""
 
     healthy: Path
-    nan: Path  # lora_B NaN from checkpoint-4 on
-    other_pad: Path  # the tokenizer saved with another pad, past the embedding rows, from checkpoint-4 on
-    nan_then_no_modules_to_save: Path  # NaN from checkpoint-3 on, modules_to_save gone from checkpoint-5 on
+    nan: Path  # lora_B NaN from checkpoint-3 on
+    other_pad: Path  # the tokenizer saved with another pad, past the embedding rows, from checkpoint-3 on
+    nan_then_no_modules_to_save: Path  # NaN from checkpoint-3 on, modules_to_save gone from checkpoint-4 on
 
 
 @pytest.fixture(scope="session")
@@ -28,9 +28,9 @@ def lora_runs(tmp_path_factory) -> LoraRuns:
         runs = LoraRuns(**{f.name: root / f.name for f in dataclasses.fields(LoraRuns)})
         if not (root / "BUILT").exists():
             healthy = build_lora_run(root)
-            plant(healthy, runs.nan, {"nan": 4})
-            plant(healthy, runs.other_pad, {"other_pad": 4})
-            plant(healthy, runs.nan_then_no_modules_to_save, {"nan": 3, "no_modules_to_save": 5})
+            plant(healthy, runs.nan, {"nan": 3})
+            plant(healthy, runs.other_pad, {"other_pad": 3})
+            plant(healthy, runs.nan_then_no_modules_to_save, {"nan": 3, "no_modules_to_save": 4})
             (root / "BUILT").write_text("the LoRA run and its planted copies\n")
         return runs
 
@@ -68,7 +68,7 @@ def run_sweep(arguments: list[str], reports: Path, env: dict | None = None) -> S
 
 @pytest.fixture(scope="session")
 def three_runs(lora_runs) -> list[str]:
-    """A sweep of three runs: healthy, a NaN adapter from checkpoint-4, a tokenizer saved with another pad."""
+    """A sweep of three runs: healthy, a NaN adapter from checkpoint-3, a tokenizer saved with another pad."""
     return [str(lora_runs.healthy), str(lora_runs.nan), str(lora_runs.other_pad)]
 
 

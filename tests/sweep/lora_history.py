@@ -1,6 +1,7 @@
 """Trainer output_dirs of a real LoRA run for the sweep tests: `transformers.Trainer` on a PEFT LoRA of the tiny
 Llama the trl runs start from (`tests/probes/run/trl_runs.py`: `base_model`, the demo's tokenizer), saving
-checkpoint-1 … checkpoint-6, one per optimizer step. The run adds a dedicated pad token (what
+checkpoint-1 … checkpoint-4, one per optimizer step (two good checkpoints before the first
+planted fault, one bad after it: what a first_bad needs). The run adds a dedicated pad token (what
 tokenizer.special_tokens' fix recommends) and so trains the resized embeddings and head as modules_to_save.
 
 Faulty histories are copies of that one run with a fault planted in every checkpoint from a step k on, as a run that
@@ -20,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-CHECKPOINTS = 6
+CHECKPOINTS = 4
 PAD = "<|pad|>"
 
 

@@ -12,22 +12,22 @@ pytestmark = pytest.mark.slow
 
 
 def test_each_fault_is_first_bad_at_the_checkpoint_it_was_planted_from(lora_runs, tmp_path):
-    # NaN in lora_B from checkpoint-3 on, modules_to_save gone from checkpoint-5 on; two members at a time
+    # NaN in lora_B from checkpoint-3 on, modules_to_save gone from checkpoint-4 on; two members at a time
     sweep = run_sweep([str(lora_runs.nan_then_no_modules_to_save), "--history", "--notebooks", "00", "08",
                        "--jobs", "2"], tmp_path)
     assert sweep.result.returncode == 1, sweep.result.stderr[-3000:]
-    assert [m["name"] for m in sweep.document["members"]] == [f"checkpoint-{n}" for n in range(1, 7)]
+    assert [m["name"] for m in sweep.document["members"]] == [f"checkpoint-{n}" for n in range(1, 5)]
     assert sweep.document["engine"] == "local"
     # notebook 08 judges the whole run, the same for every member (its adapter turned NaN at checkpoint-3): a check
     # bad from the first member on has no first_bad, never a guessed one
     assert {v["run.adapter_progress"] for v in sweep.verdicts().values()} == {"fail"}
-    assert sweep.document["first_bad"] == {"adapter.weights": "checkpoint-3", "tokenizer.vocab": "checkpoint-5"}
+    assert sweep.document["first_bad"] == {"adapter.weights": "checkpoint-3", "tokenizer.vocab": "checkpoint-4"}
     failing = sweep.failing()
-    assert "adapter.weights" not in failing["checkpoint-2"] and "tokenizer.vocab" not in failing["checkpoint-4"]
+    assert "adapter.weights" not in failing["checkpoint-2"] and "tokenizer.vocab" not in failing["checkpoint-3"]
     assert "first bad: adapter.weights at checkpoint-3" in sweep.result.stdout
     page = (sweep.folder / "index.html").read_text()
-    # the comparison: what changed at checkpoint-5 (the embeddings no longer saved) and the table's links
-    assert "checkpoint-5 against checkpoint-4" in page and "modules_to_save" in page
+    # the comparison: what changed at checkpoint-4 (the embeddings no longer saved) and the table's links
+    assert "checkpoint-4 against checkpoint-3" in page and "modules_to_save" in page
     assert 'href="members/checkpoint-3/00_saved_files.html"' in page
     assert (sweep.folder / "members" / "checkpoint-3" / "00_saved_files.html").is_file()
 
@@ -35,9 +35,9 @@ def test_each_fault_is_first_bad_at_the_checkpoint_it_was_planted_from(lora_runs
 def test_a_tokenizer_saved_with_another_pad_is_first_bad_where_it_was_saved(lora_runs, tmp_path):
     sweep = run_sweep([str(lora_runs.other_pad), "--history", "--notebooks", "00"], tmp_path)
     assert sweep.result.returncode == 1, sweep.result.stderr[-3000:]
-    assert sweep.document["first_bad"] == {"tokenizer.vocab": "checkpoint-4"}
+    assert sweep.document["first_bad"] == {"tokenizer.vocab": "checkpoint-3"}
     page = (sweep.folder / "index.html").read_text()
-    assert "&lt;|other_pad|&gt;" in page  # the tokenizer difference at checkpoint-4, shown
+    assert "&lt;|other_pad|&gt;" in page  # the tokenizer difference at checkpoint-3, shown
 
 
 def test_a_healthy_history_has_no_first_bad(lora_runs, tmp_path):

@@ -58,7 +58,8 @@ def test_the_executed_comparison_notebook_reads_in_jupyterlab(local_sweep, tmp_p
         assert table.locator("thead th").all_inner_texts() == ["check", *members]
         nan_weights = table.locator("tbody tr").filter(has_text="adapter.weights").locator("td")
         assert nan_weights.nth(members.index("nan")).inner_text() == "FAIL"
-        assert page.locator(".jp-OutputArea-output img").count() >= 1  # the per-member plots
+        # the per-member plots: JupyterLab renders a notebook's outputs cell by cell, the table's before the plots'
+        page.locator(".jp-OutputArea-output img").first.wait_for(timeout=60_000)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=SCREENSHOTS / "sweep-jupyterlab.png")
         # run again where it now lies: its sweep_dir parameter names the hidden folder the sweep was assembled in,
