@@ -789,6 +789,9 @@ def main() -> None:
                         help="just `workbench plan`: planned vs a real Trainer step on four set-ups, a 70B-shaped plan")
     parser.add_argument("--only-sweep", action="store_true",
                         help="just workbench sweep: 8 members local, --jobs 2 and on Ray (bench/sweep_bench.py)")
+    parser.add_argument("--only-glibc-trace", action="store_true",
+                        help="just what glibc keeps resident in a CPU LoRA step: heaptrack's trace replayed four "
+                        "ways (bench/glibc_trace.py; needs heaptrack)")
     parser.add_argument("--only-census", metavar="OUT",
                         help="just the whole architecture census, timed (about 25 min; families.md/json go to OUT)")
     args = parser.parse_args()
@@ -878,6 +881,17 @@ def main() -> None:
         write_section("sweep", "`workbench sweep`: eight members, local against --jobs 2 against Ray", table_text
                       + "\n\nEach member is `diagnose --notebooks 00` on a checkpoint of a real LoRA run (a kernel of "
                       "its own: the stack's imports dominate). Ray's row includes starting its local cluster.")
+        return
+    if args.only_glibc_trace:
+        from glibc_trace import glibc_trace_rows
+
+        with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+            table_text = glibc_trace_rows(Path(tmp))
+        print("\n" + table_text)
+        write_section("glibc-trace", "What glibc keeps resident in a CPU LoRA step (heaptrack, replayed)", table_text
+                      + "\n\nThe plan bench's LoRA r16, batch 8 × 512 of a 90M Qwen2, a real `transformers.Trainer` "
+                      "under `heaptrack --raw`; its every allocation replayed through glibc's policy (bench/glibc_trace.py"
+                      "). The plan's tracker sees the first row's allocations only.")
         return
     if args.only_census:
         census_rows(rows, Path(args.only_census))
