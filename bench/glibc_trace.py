@@ -5,7 +5,8 @@ Why: `workbench plan --device cpu` replays glibc's policy (`workbench/plan/cpu_a
 tracker sees, and stays 12-37 % under the resident memory of a default-glibc process (bench/RESULTS.md, the plan
 section). This measures which part of glibc's behaviour the tracker's trace cannot carry. The step is the plan
 bench's LoRA r16, batch 8 × 512 of a 90M Qwen2 (`workbench.plan.real_step`, a real `transformers.Trainer`), run under
-`heaptrack --raw` (every malloc, free and posix_memalign with its pointer; the RSS sampled), and its trace replayed:
+`heaptrack --raw` (every malloc, free and posix_memalign with its pointer; the RSS sampled), and its trace replayed
+through the plan's own model of glibc (`cpu_allocator.GlibcHeap`):
 
 - the big allocations only (>= 64 KiB: what the plan's tracker sees, every tensor storage), plain malloc, and
   through `_int_memalign` (below);
@@ -30,88 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
-PAGE, MINSIZE, HEADER, TOP_PAD = 4096, 32, 8, 128 * 1024
-TENSOR_ALIGNMENT = 64
-THRESHOLD_MIN, THRESHOLD_MAX = 128 * 1024, 32 * 2**20
+PAGE = 4096
 HEAP_END = 0x7000_0000_0000  # the brk heap of a PIE python lies below; mmaps and other arenas above
-
-
-class Heap:
-    """glibc's main arena, as `cpu_allocator.GlibcHeap` models it (best fit, coalescing, top trim, the dynamic mmap
-    threshold), with sorted free lists so that two million events replay in minutes, and `_int_memalign` as an
-    option."""
-
-    def __init__(self) -> None:
-        from sortedcontainers import SortedList
-
-        self.top = self.mmapped = self.peak = 0
-        self.threshold, self.trim = THRESHOLD_MIN, 2 * THRESHOLD_MIN
-        self.by_size, self.starts, self.size_of = SortedList(), SortedList(), {}
-        self.live: dict[int, tuple[bool, int, int]] = {}  # key -> (in the heap, address, size)
-
-    def _remove(self, start: int) -> int:
-        size = self.size_of.pop(start)
-        self.starts.remove(start)
-        self.by_size.remove((size, start))
-        return size
-
-    def _insert(self, start: int, size: int) -> None:
-        if size <= 0:
-            return
-        i = self.starts.bisect_left(start)
-        if i and self.starts[i - 1] + self.size_of[self.starts[i - 1]] == start:
-            before = self.starts[i - 1]
-            start, size = before, size + self._remove(before)
-        if start + size in self.size_of:
-            size += self._remove(start + size)
-        if start + size == self.top and size > self.trim:
-            self.top = start + min(size, TOP_PAD)
-            size = self.top - start
-        self.starts.add(start)
-        self.size_of[start] = size
-        self.by_size.add((size, start))
-
-    def malloc(self, key: int, n: int, aligned: bool) -> None:
-        nb = max(MINSIZE, (n + HEADER + 15) // 16 * 16)
-        need = nb + TENSOR_ALIGNMENT + MINSIZE if aligned else nb
-        k = self.by_size.bisect_left((need, -1))
-        if k < len(self.by_size):
-            have, start = self.by_size[k]
-            self._remove(start)
-        elif need >= self.threshold:
-            size = (need + HEADER + PAGE - 1) // PAGE * PAGE
-            self.mmapped += size
-            self.live[key] = (False, 0, size)
-            self.peak = max(self.peak, self.top + self.mmapped)
-            return
-        else:  # carved from the top chunk (the free chunk at the heap's end), the heap extended by what it lacks
-            start = self.top
-            if self.starts and self.starts[-1] + self.size_of[self.starts[-1]] == self.top:
-                start = self.starts[-1]
-                self._remove(start)
-            have, self.top = need, max(self.top, start + need)
-        if aligned and (start + 2 * HEADER) % TENSOR_ALIGNMENT:
-            at = (start + 2 * HEADER + TENSOR_ALIGNMENT - 1) // TENSOR_ALIGNMENT * TENSOR_ALIGNMENT - 2 * HEADER
-            at += TENSOR_ALIGNMENT if at - start < MINSIZE else 0
-            self._insert(start, at - start)
-            start, have = at, have - (at - start)
-        if have > nb + MINSIZE:
-            self._insert(start + nb, have - nb)
-            have = nb
-        self.live[key] = (True, start, have)
-        self.peak = max(self.peak, self.top + self.mmapped)
-
-    def free(self, key: int) -> None:
-        found = self.live.pop(key, None)
-        if found is None:
-            return
-        in_heap, start, size = found
-        if in_heap:
-            self._insert(start, size)
-            return
-        self.mmapped -= size
-        if self.threshold < size <= THRESHOLD_MAX:
-            self.threshold, self.trim = size, 2 * size
 
 
 def events(raw: Path):
@@ -143,7 +64,9 @@ TRAIN_WITH_MARK = (
 def replay(raw: Path, smallest: int, memalign: bool) -> dict:
     """From the mark (trainer.train() begins) to the end: the replay's resident rise and heap growth, and the
     process' own RSS rise (its samples) and its heap's real extent (the pointers below HEAP_END)."""
-    heap = Heap()
+    from workbench.plan.cpu_allocator import GlibcHeap
+
+    heap = GlibcHeap()
     marked = False
     rss = model_at_mark = rss_at_mark = heap_at_mark = 0
     model_peak = rss_peak = heap_peak = 0
@@ -156,7 +79,7 @@ def replay(raw: Path, smallest: int, memalign: bool) -> dict:
                 real_at_mark = high - (low or 0)
                 continue
             if size >= smallest:
-                heap.malloc(pointer, size, memalign and size >= 4096)
+                heap.malloc(pointer, size, aligned=memalign and size >= 4096)
             if pointer < HEAP_END:
                 low = min(low or pointer, pointer)
                 high = max(high, pointer + size)
@@ -188,9 +111,13 @@ def traced_step(folder: Path) -> Path:
     return next(folder.glob("step*.raw.zst"))
 
 
-def glibc_trace_rows(folder: Path) -> str:
+MISSING_TOOLS = "Debian's `heaptrack` and `zstd` are needed (apt-get install heaptrack zstd)"
+
+
+def glibc_trace_rows(folder: Path) -> str | None:
+    """The section's table, or None without heaptrack and zstd (MISSING_TOOLS)."""
     if shutil.which("heaptrack") is None or shutil.which("zstd") is None:
-        return "skipped: Debian's `heaptrack` and `zstd` are needed (apt-get install heaptrack zstd)"
+        return None
     raw = traced_step(folder)
     lines = ["| replayed from the start of `trainer.train()` | the heap grew (GiB) | resident rise (GiB) |",
              "|---|---|---|"]
@@ -209,4 +136,4 @@ if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="workbench-glibc-") as tmp:
-        print(glibc_trace_rows(Path(tmp)))
+        print(glibc_trace_rows(Path(tmp)) or f"skipped: {MISSING_TOOLS}")

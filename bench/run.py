@@ -883,10 +883,13 @@ def main() -> None:
                       "its own: the stack's imports dominate). Ray's row includes starting its local cluster.")
         return
     if args.only_glibc_trace:
-        from glibc_trace import glibc_trace_rows
+        from glibc_trace import MISSING_TOOLS, glibc_trace_rows
 
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
             table_text = glibc_trace_rows(Path(tmp))
+        if table_text is None:  # the section keeps its last measurement
+            print(f"--only-glibc-trace skipped: {MISSING_TOOLS}")
+            return
         print("\n" + table_text)
         write_section("glibc-trace", "What glibc keeps resident in a CPU LoRA step (heaptrack, replayed)", table_text
                       + "\n\nThe plan bench's LoRA r16, batch 8 × 512 of a 90M Qwen2, a real `transformers.Trainer` "

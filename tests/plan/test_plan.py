@@ -156,6 +156,23 @@ def test_glibc_policy_raises_the_threshold_keeps_heap_holes_and_trims_the_top():
     assert glibc_peak(trace) >= MMAP_THRESHOLD * 2
 
 
+def test_memalign_pads_each_request_so_a_same_size_hole_is_passed_over():
+    """torch's posix_memalign(64, n) as glibc 2.36's _int_memalign serves it: n + 64 + MINSIZE is looked for, so the
+    hole a freed tensor of the same size leaves (pinned by a small live chunk above it) is not reused; a plain
+    malloc of that size reuses it. The aligned chunk's user pointer (chunk + 16) is 64-byte aligned."""
+    for aligned, reused in ((False, True), (True, False)):
+        heap = GlibcHeap()
+        heap.threshold = 32 << 20  # raised, as a step's first freed activation raises it
+        heap.malloc(1, 8 << 20, aligned=aligned)
+        heap.malloc(2, 24)  # a small live object (a plain malloc) above it: the hole cannot merge into the top
+        heap.free(1)
+        top = heap.top
+        heap.malloc(3, 8 << 20, aligned=aligned)
+        assert (heap.top == top) == reused, (aligned, heap.top - top)
+        if aligned:
+            assert (heap.live[3][1] + 16) % 64 == 0
+
+
 def bad(*args):
     """`workbench plan ARGS` run by the CLI's own entry point in this process (the refusals need no fresh process:
     each would import torch again for the one line it prints): (exit code, what it printed on stderr)."""

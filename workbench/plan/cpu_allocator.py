@@ -8,7 +8,13 @@ threshold starts at 128 KiB and is dynamic: freeing an mmapped chunk larger than
 frees mmapped activations of a few MiB early on, so later activations of that size land in the heap and its freed
 space is kept: measured here, a LoRA step of a 90M Qwen2 at 8 × 512 reached 4.09 GiB of RSS above its weights for
 2.71 GiB of live tensors; with `MALLOC_MMAP_THRESHOLD_` fixed at 128 KiB, 2.74 GiB. `glibc_peak` replays the trace
-through that policy (best fit among free heap chunks, coalescing, top-chunk trim) and returns the resident peak.
+through that policy (best fit among free heap chunks before any mmap, coalescing, the top chunk extended and
+trimmed) and returns the resident peak.
+
+`GlibcHeap(...).malloc(key, n, aligned=True)` serves a request as glibc 2.36's `_int_memalign` serves torch's
+`posix_memalign(64, n)` (c10/core/impl/alloc_cpu.cpp): a chunk of n + 64 + MINSIZE found or carved, its misaligned
+head and spare tail freed again. The plan replays plain mallocs: on the tensors alone the padding changes nothing,
+it needs the small chunks beside them that the tracker cannot see (bench/glibc_trace.py, docs/plan.md).
 
     peak = glibc_peak(tracker.trace)      # bytes of RSS above the weights at the step's peak
 """
@@ -23,7 +29,8 @@ TOP_PAD = 128 * 1024  # DEFAULT_TOP_PAD
 PAGE = 4096
 ALIGN = 16
 HEADER = 8  # SIZE_SZ: the chunk's size field
-MIN_CHUNK = 32
+MIN_CHUNK = 32  # MINSIZE
+TENSOR_ALIGNMENT = 64  # c10's gAlignment
 
 
 def _chunk(n: int) -> int:
@@ -31,12 +38,15 @@ def _chunk(n: int) -> int:
 
 
 class GlibcHeap:
+    """glibc's main arena: free chunks indexed by address (coalescing) and by (size, address) (best fit)."""
+
     def __init__(self) -> None:
         self.threshold = MMAP_THRESHOLD
         self.trim = 2 * MMAP_THRESHOLD
         self.top = 0  # the heap's end (brk) beyond the weights
         self.free_starts: list[int] = []  # free heap chunks, sorted by address
         self.free_sizes: dict[int, int] = {}
+        self.by_size: list[tuple[int, int]] = []  # the same chunks as (size, address), sorted
         self.mmapped = 0
         self.live: dict[int, tuple[str, int, int]] = {}  # key -> (kind, address or 0, size)
         self.peak = 0
@@ -45,58 +55,73 @@ class GlibcHeap:
     def resident(self) -> int:
         return self.top + self.mmapped
 
-    def malloc(self, key: int, n: int) -> None:
+    def malloc(self, key: int, n: int, aligned: bool = False) -> None:
+        """A request of n bytes: the best-fitting free chunk, else at or above the mmap threshold its own mapping,
+        else the top chunk (extended as needed); the spare tail freed. `aligned`: as `_int_memalign` serves it
+        (module docstring)."""
         if n <= 0:
             return
-        if n >= self.threshold:
-            size = (n + 2 * HEADER + PAGE - 1) // PAGE * PAGE
+        nb = _chunk(n)
+        need = nb + TENSOR_ALIGNMENT + MIN_CHUNK if aligned else nb
+        taken = self._best_fit(need)
+        if taken is None and need >= self.threshold:
+            size = (need + HEADER + PAGE - 1) // PAGE * PAGE
             self.mmapped += size
             self.live[key] = ("mmap", 0, size)
-        else:
-            size = _chunk(n)
-            address = self._best_fit(size)
-            if address is None:
-                address = self.top
-                self.top += size
-            self.live[key] = ("heap", address, size)
+            self.peak = max(self.peak, self.resident)
+            return
+        start, have = taken or self._from_top(need)
+        if aligned and (start + 2 * HEADER) % TENSOR_ALIGNMENT:  # the user pointer (chunk + 16) aligned
+            at = (start + 2 * HEADER + TENSOR_ALIGNMENT - 1) // TENSOR_ALIGNMENT * TENSOR_ALIGNMENT - 2 * HEADER
+            at += TENSOR_ALIGNMENT if at - start < MIN_CHUNK else 0
+            self._insert(start, at - start)
+            start, have = at, have - (at - start)
+        if have > nb + MIN_CHUNK:
+            self._insert(start + nb, have - nb)
+            have = nb
+        self.live[key] = ("heap", start, have)
         self.peak = max(self.peak, self.resident)
 
-    def _best_fit(self, size: int) -> int | None:
-        best = None
-        for start in self.free_starts:
-            have = self.free_sizes[start]
-            if have >= size and (best is None or have < self.free_sizes[best]):
-                best = start
-                if have == size:
-                    break
-        if best is None:
+    def _best_fit(self, size: int) -> tuple[int, int] | None:
+        """(address, size) of the smallest free chunk of at least `size` (the lowest address among equals), taken."""
+        i = bisect.bisect_left(self.by_size, (size, -1))
+        if i == len(self.by_size):
             return None
-        have = self.free_sizes.pop(best)
-        self.free_starts.remove(best)
-        if have - size >= MIN_CHUNK:
-            self._insert(best + size, have - size)
-        return best
+        have, start = self.by_size[i]
+        self._take(start)
+        return start, have
+
+    def _from_top(self, size: int) -> tuple[int, int]:
+        """(address, size) carved from the top chunk: the free chunk that ends at the heap's end, the heap extended
+        (brk) by what it lacks."""
+        start = self.top
+        if self.free_starts and self.free_starts[-1] + self.free_sizes[self.free_starts[-1]] == self.top:
+            start = self.free_starts[-1]
+            self._take(start)
+        self.top = max(self.top, start + size)
+        return start, size
+
+    def _take(self, start: int) -> int:
+        size = self.free_sizes.pop(start)
+        del self.free_starts[bisect.bisect_left(self.free_starts, start)]
+        del self.by_size[bisect.bisect_left(self.by_size, (size, start))]
+        return size
 
     def _insert(self, start: int, size: int) -> None:
+        if size <= 0:
+            return
         i = bisect.bisect_left(self.free_starts, start)
-        if i > 0:  # coalesce with the free chunk before
+        if i > 0 and self.free_starts[i - 1] + self.free_sizes[self.free_starts[i - 1]] == start:  # merge before
             before = self.free_starts[i - 1]
-            if before + self.free_sizes[before] == start:
-                start, size = before, size + self.free_sizes.pop(before)
-                self.free_starts.pop(i - 1)
-                i -= 1
-        if i < len(self.free_starts) and start + size == self.free_starts[i]:  # and after
-            after = self.free_starts.pop(i)
-            size += self.free_sizes.pop(after)
-        if start + size == self.top:  # the top chunk: trimmed when larger than the trim threshold
-            if size > self.trim:
-                self.top = start + min(size, TOP_PAD)
-                if self.top > start:
-                    self.free_starts.insert(i, start)
-                    self.free_sizes[start] = self.top - start
-                return
-        self.free_starts.insert(i, start)
+            start, size = before, size + self._take(before)
+        if start + size in self.free_sizes:  # and after
+            size += self._take(start + size)
+        if start + size == self.top and size > self.trim:  # the top chunk, trimmed to TOP_PAD
+            self.top = start + min(size, TOP_PAD)
+            size = self.top - start
+        bisect.insort(self.free_starts, start)
         self.free_sizes[start] = size
+        bisect.insort(self.by_size, (size, start))
 
     def free(self, key: int) -> None:
         kind, address, size = self.live.pop(key, ("none", 0, 0))
