@@ -61,7 +61,8 @@ class Step:
     probe: str
     args: tuple[str, ...] = ("target",)
     kwargs: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    own_model: bool = False  # loads and frees its own copy: run before the shared model is prepared
+    # loads and frees its own copy (where model.shared.loads_own_copy says so): run before the shared model is prepared
+    own_model: bool = False
     mutates: bool = False  # changes the shared model (a training step, a cast, a wrap): run under guard.restored
     reports: tuple[str, ...] = ()  # the check ids its result's findings answer
     # the Trainer callback's pre-flight runs it on the live model (True), or its report says skip with this reason

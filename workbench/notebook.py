@@ -75,8 +75,9 @@ class NotebookSession(Displayable):
                 function = step.function()
             except (ImportError, AttributeError) as exc:  # a probe that does not import: an error on its checks, as
                 function = _raising(exc)                   # a probe that crashes is, and the notebook goes on
-        if step.own_model:
-            from workbench.model.shared import make_room_for_a_copy, take_early_result
+        from workbench.model.shared import loads_own_copy, make_room_for_a_copy, take_early_result
+
+        if loads_own_copy(step, self.target):
 
             early = take_early_result(self.target, step.probe)
             if early is not None:  # run before the shared model was prepared (a model too big for two copies)

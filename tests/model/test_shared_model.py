@@ -83,30 +83,51 @@ def run_notebooks(names, tmp_path, **options):
     return findings
 
 
-def test_a_model_too_big_for_two_copies_is_still_loaded_twice_not_three_times(demo, tmp_path, monkeypatch):
-    """A checkpoint too big to hold twice: notebook 03's wrapping chain needs its own copy, which would free the
-    shared model and have 03 prepare it again. Told which notebooks run, the first prepare walks the chain first;
-    03 gets that result, with the findings a chain of its own gives, and the model is loaded twice in all."""
+NOTEBOOKS_01_TO_04 = ("01_dtype_distribution", "02_dataparallel", "03_peft_attributes", "04_forward_checks")
+
+
+def loads_of_03_alone_and_of_01_to_04(tmp_path, monkeypatch, **options):
+    """On a model declared too big for two copies: (loads of notebook 03 alone, its findings), then (loads of
+    notebooks 01-04 told which notebooks run, 03's findings among them)."""
     from workbench.model import shared
     from workbench.model.loading import LOADS
 
-    names = ("01_dtype_distribution", "02_dataparallel", "03_peft_attributes", "04_forward_checks")
-    options = dict(checkpoint=str(demo.llama), params_json='{"real_quant_max_bytes": 0}')
     monkeypatch.setattr("workbench.model.memory.two_copies_fit_easily", lambda target: False)
-    shared.free_shared()
-    loads = len(LOADS)
-    alone = run_notebooks(["03_peft_attributes"], tmp_path / "alone", **options)  # no list of notebooks: 2 loads
-    assert len(LOADS) == loads + 2
     shared.reset()
-    monkeypatch.setenv(shared.NOTEBOOKS_ENV, ",".join(names))
     loads = len(LOADS)
-    together = run_notebooks(names, tmp_path / "together", **options)
-    assert len(LOADS) == loads + 2, LOADS[loads:]
-    assert together["03_peft_attributes"] == alone["03_peft_attributes"]
-    shared.free_shared()
+    alone = run_notebooks(["03_peft_attributes"], tmp_path / "alone", **options)  # no list of notebooks
+    alone_loads = len(LOADS) - loads
+    shared.reset()
+    monkeypatch.setenv(shared.NOTEBOOKS_ENV, ",".join(NOTEBOOKS_01_TO_04))
+    loads = len(LOADS)
+    together = run_notebooks(NOTEBOOKS_01_TO_04, tmp_path / "together", **options)
+    shared.reset()
+    return (alone_loads, alone["03_peft_attributes"]), (len(LOADS) - loads, together["03_peft_attributes"])
+
+
+def test_a_model_too_big_for_two_copies_is_still_loaded_twice_not_three_times(demo, tmp_path, monkeypatch):
+    """A checkpoint too big to hold twice, under a set-up that wraps the model (qlora): notebook 03's wrapping chain
+    needs a raw copy of its own, which would free the shared model and have 03 prepare it again. Told which
+    notebooks run, the first prepare walks the chain first; 03 gets that result, with the findings a chain of its
+    own gives, and the model is loaded twice in all."""
+    from workbench.model import shared
+    from workbench.model.loading import LOADS
+
+    options = dict(checkpoint=str(demo.llama), quant="4bit", setup="qlora", params_json='{"real_quant_max_bytes": 0}')
+    (alone_loads, alone), (together_loads, together) = loads_of_03_alone_and_of_01_to_04(tmp_path, monkeypatch,
+                                                                                          **options)
+    assert (alone_loads, together_loads) == (2, 2) and together == alone
     monkeypatch.setenv(shared.NOTEBOOKS_ENV, "01_dtype_distribution")  # 03 not run: nothing walked ahead of time
-    shared.reset()
     loads = len(LOADS)
     run_notebooks(["01_dtype_distribution"], tmp_path / "only01", **options)
     assert len(LOADS) == loads + 1
-    shared.free_shared()
+    shared.reset()
+
+
+def test_under_the_plain_set_up_notebooks_01_to_04_load_the_model_once(demo, tmp_path, monkeypatch):
+    """The plain set-up: 03's chain walks a copy of the shared model's module tree, so notebooks 01-04 load the
+    model once, also where two copies would not fit, and 03's findings are those it gives alone."""
+    options = dict(checkpoint=str(demo.llama), params_json='{"real_quant_max_bytes": 0}')
+    (alone_loads, alone), (together_loads, together) = loads_of_03_alone_and_of_01_to_04(tmp_path, monkeypatch,
+                                                                                          **options)
+    assert (alone_loads, together_loads) == (1, 1) and together == alone

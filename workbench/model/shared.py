@@ -43,21 +43,29 @@ def prepare_shared(target):
     return prepared
 
 
-def _own_copy_steps_ahead(key: str) -> list:
+def loads_own_copy(step, target) -> bool:
+    """Whether a catalog step marked `own_model` (notebook 03's wrapping chain) loads a copy of its own for this
+    target: not where it walks a copy of the shared model's module tree (`module_tree.why_the_chain_loads`)."""
+    from workbench.model.module_tree import why_the_chain_loads
+
+    return step.own_model and why_the_chain_loads(target) is not None
+
+
+def _own_copy_steps_ahead(target, key: str) -> list:
     """The own-copy steps (catalog `own_model`, taking only the target) of the notebooks this diagnosis runs that
     have not run yet for this target."""
     from workbench.catalog import NOTEBOOKS
 
     names = set(filter(None, os.environ.get(NOTEBOOKS_ENV, "").split(",")))
     return [step for spec in NOTEBOOKS if spec.name in names for step in spec.steps
-            if step.own_model and tuple(step.args) == ("target",) and not step.kwargs
+            if loads_own_copy(step, target) and tuple(step.args) == ("target",) and not step.kwargs
             and (key, step.probe) not in _OWN_COPY_DONE]
 
 
 def _run_own_copy_steps_first(target, key: str) -> None:
     from workbench.model.memory import two_copies_fit_easily
 
-    steps = _own_copy_steps_ahead(key)
+    steps = _own_copy_steps_ahead(target, key)
     if not steps or two_copies_fit_easily(target):
         return
     for step in steps:

@@ -21,8 +21,11 @@ from workbench.display.nodes import Bullets, Display, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.declared_quantization import raise_if_declared_quantization_unapplied
+from workbench.model.guard import restored
 from workbench.model.loading import load_pretrained
+from workbench.model.module_tree import as_loaded, why_the_chain_loads
 from workbench.model.setups import add_fresh_lora, prepare_for_kbit_training
+from workbench.model.shared import prepare_shared
 
 MISSING = "—"
 # read by Trainer.__init__ / _wrap_model / validate_quantization_for_training and by accelerate's prepare
@@ -82,6 +85,7 @@ def snapshot(step: str, model: nn.Module) -> AttributeSnapshot:
 class AttributeResult(ProbeResult):
     snapshots: list[AttributeSnapshot]
     skipped: list[str]
+    raw_from: str = ""  # where the raw model came from: a copy of the shared model's tree, or a load and why
 
     def changes(self) -> list[dict[str, str]]:
         """Trainer-read attributes whose value differs from the raw model's at a later step."""
@@ -112,7 +116,7 @@ class AttributeResult(ProbeResult):
         forwarded = sorted({f"{n} ({s.step})" for s in self.snapshots for n, h in s.how.items()
                             if h == "forwarded" and n in TRAINER_READ})
         evidence = {"steps": [dataclasses.asdict(s) for s in self.snapshots], "changes": changes,
-                    "forwarded": forwarded, "skipped_steps": self.skipped}
+                    "forwarded": forwarded, "skipped_steps": self.skipped, "raw_model_from": self.raw_from}
         if changes:
             first = changes[0]
             return [Finding("peft.attributes", "fail",
@@ -134,6 +138,7 @@ class AttributeResult(ProbeResult):
 
     def details(self):
         return Display(Table.from_frame(self.to_frame().reset_index(names="attribute")),
+                       Paragraph(f"The raw model: {self.raw_from}.") if self.raw_from else None,
                        Paragraph("Steps not run:") if self.skipped else None, Bullets(self.skipped))
 
 
@@ -148,16 +153,26 @@ def _trainer_model(model: nn.Module, gpus: int) -> nn.Module:
 
 
 def peft_attribute_probe(target) -> AttributeResult:
-    """Load the model and walk it through the wrapping steps, snapshotting after each one; the model is freed on
-    return, so run this before `prepare_model` (never two copies resident)."""
-    from peft import PeftModel
-
-    skipped: list[str] = []
+    """Walk the raw model through the wrapping steps, snapshotting after each one. Under the plain set-up the raw
+    model is a copy of the shared model's module tree over its own tensors (`module_tree.as_loaded`: no load), and
+    the shared model is left as it was; under any other set-up it is a load of its own (`why_the_chain_loads`), freed
+    on return, so the notebook runs this before `prepare_model` (never two copies resident)."""
+    why_load = why_the_chain_loads(target)
+    if why_load is None:
+        shared = prepare_shared(target).model
+        with restored(shared):
+            return _walk_chain(as_loaded(shared), target, "a copy of the shared model's module tree (no load)")
     load = dict(quant=target.quant, device_map=target.device_map, max_memory=target.max_memory,
                 trust_remote_code=target.trust_remote_code)
     model = load_pretrained(target.model_dir, **load,
-                            why="peft.attributes: the raw model the wrapping chain walks (the set-up's model is "
-                                "already wrapped)")
+                            why=f"peft.attributes: the raw model the wrapping chain walks ({why_load})")
+    return _walk_chain(model, target, f"a load of its own ({why_load})")
+
+
+def _walk_chain(model, target, raw_from: str) -> AttributeResult:
+    from peft import PeftModel
+
+    skipped: list[str] = []
     raise_if_declared_quantization_unapplied(model)  # PEFT would raise "compress_statistics" on these layers
     snaps = [snapshot("raw model", model)]
     if target.quant != "none":
@@ -176,7 +191,7 @@ def peft_attribute_probe(target) -> AttributeResult:
     import gc
 
     gc.collect()
-    return AttributeResult(snaps, skipped)
+    return AttributeResult(snaps, skipped, raw_from)
 
 
 def with_setup_attributes(report: AttributeResult, prepared, target) -> AttributeResult:

@@ -22,7 +22,6 @@ byte of weights.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import types
@@ -30,6 +29,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from workbench.model.module_tree import meta_copy
 
 
 @dataclasses.dataclass
@@ -51,20 +52,6 @@ class FsdpPlan:
     ignored: list[str]  # parameters left out of sharding
     upcast: list[str]  # trainable parameters accelerate upcasts to fp32 before sharding (FSDP2)
     copy_how: str
-
-
-def meta_copy(model: nn.Module) -> tuple[nn.Module, str]:
-    """The model's module tree with every parameter and buffer replaced by a meta tensor of the same shape, dtype
-    and requires_grad (shared tensors stay shared); no weight is copied."""
-    memo: dict[int, Any] = {}
-    for p in model.parameters():
-        memo[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=p.requires_grad)
-    for b in model.buffers():
-        memo[id(b)] = torch.empty(b.shape, dtype=b.dtype, device="meta")
-    try:
-        return copy.deepcopy(model, memo), "meta-device copy (no weights)"
-    except Exception as exc:  # noqa: BLE001 - a module that refuses deepcopy: walk the model itself, read-only
-        return model, f"the model itself, read-only (its meta copy failed: {type(exc).__name__}: {str(exc)[:120]})"
 
 
 def _names(root: nn.Module) -> dict[int, str]:
