@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.plan.test_plan import bad, tiny_qwen2
+from tests.plan.test_plan import plan_here, tiny_qwen2
 
 COMMON = """compute_environment: LOCAL_MACHINE
 machine_rank: 0
@@ -114,7 +114,7 @@ def test_what_the_planner_cannot_plan_is_one_line_and_exit_2(tmp_path):
                          "fsdp_offload_params: offloading is not planned"),
                         (accelerate_config(tmp_path, "hybrid", "FSDP", extra=fsdp1("HYBRID_SHARD")),
                          "HYBRID_SHARD: not planned")):
-        result = bad(folder, "--accelerate-config", config, "--seq", "32", "--batch", "2", "--device", "cpu")
+        result = plan_here(folder, "--accelerate-config", config, "--seq", "32", "--batch", "2", "--device", "cpu")
         assert result.returncode == 2 and why in result.stderr, (config.name, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.plan.test_plan import bad, lora_file, tiny_qwen2
+from tests.plan.test_plan import lora_file, plan_here, tiny_qwen2
 
 
 def fsdp_args(tmp_path, name="fsdp.yaml", extra=""):
@@ -48,7 +48,7 @@ def test_a_model_without_wrap_classes_gathers_it_whole(tmp_path):
     coarse = sharded(folder, fsdp_args(tmp_path, "coarse.yaml", "fsdp_config:\n  transformer_layer_cls_to_wrap: "
                                                                  "[Embedding]\n"), seq=32, batch=2)
     assert coarse.breakdown["unsharded weights"] > healthy.breakdown["unsharded weights"]
-    result = bad(folder, "--training-args", fsdp_args(tmp_path, "nope.yaml", "fsdp_config:\n  "
+    result = plan_here(folder, "--training-args", fsdp_args(tmp_path, "nope.yaml", "fsdp_config:\n  "
                                                        "transformer_layer_cls_to_wrap: [NoSuchLayer]\n"), "--gpus", "2")
     assert result.returncode == 2 and "NoSuchLayer" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
@@ -64,9 +64,9 @@ def test_zero3_is_planned_as_fsdp_and_what_is_not_planned_is_one_line(tmp_path):
     assert setup.sharded and "ZeRO-3, planned as FSDP2 full sharding" in setup.fsdp_source
     for args, why in (((tmp_path / "ds2.yaml"),), "ZeRO stage 2"), (
             (fsdp_args(tmp_path, "off.yaml", "fsdp_config:\n  cpu_offload: true\n"),), "offloading is not planned"):
-        result = bad(folder, "--training-args", *args, "--gpus", "2")
+        result = plan_here(folder, "--training-args", *args, "--gpus", "2")
         assert result.returncode == 2 and why in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    assert bad(folder, "--gpus", "0").returncode == 2
+    assert plan_here(folder, "--gpus", "0").returncode == 2
 
 
 @pytest.mark.slow

@@ -173,18 +173,19 @@ def test_memalign_pads_each_request_so_a_same_size_hole_is_passed_over():
             assert (heap.live[3][1] + 16) % 64 == 0
 
 
-def bad(*args):
-    """`workbench plan ARGS` run by the CLI's own entry point in this process (the refusals need no fresh process:
-    each would import torch again for the one line it prints): (exit code, what it printed on stderr)."""
+def plan_here(*args):
+    """`workbench plan ARGS` run by the CLI's own entry point in this process (a fresh process would import torch
+    again: 10 s of CPU here for a refusal's one line): its exit code, stdout and stderr."""
     import contextlib
     import io
 
     from workbench.cli import main
 
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
         code = main(["plan", *map(str, args)])
-    return subprocess.CompletedProcess(["workbench", "plan", *map(str, args)], code, "", stderr.getvalue())
+    return subprocess.CompletedProcess(["workbench", "plan", *map(str, args)], code, stdout.getvalue(),
+                                       stderr.getvalue())
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
@@ -194,18 +195,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args, why in (((tmp_path / "missing",), "does not exist"), ((folder, "--gpu", "b200x"), "not a GPU"),
                       ((folder, "--memory", "lots"), "a size such as"), ((folder, "--seq", "0"), "1 or more"),
                       ((tmp_path / "broken",), "cannot be read"), ((folder, "--peft", tmp_path), "adapter_config")):
-        result = bad(*args)
+        result = plan_here(*args)
         assert result.returncode == 2 and why in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
-def test_json_has_the_issue_fields_and_a_budget_gives_the_largest_batch_and_toggles(tmp_path):
+def test_json_has_the_issue_fields_and_a_budget_gives_the_largest_batch_and_toggles(tmp_path, monkeypatch):
+    from workbench.plan import planner
+
+    measured = []
+
+    def step(setup):  # each step the plan measures, by what makes it differ
+        measured.append((setup.seq, setup.batch, setup.setup, setup.gpus, setup.args.gradient_checkpointing,
+                         setup.fsdp is not None, json.dumps(setup.peft, sort_keys=True)))
+        return measure(setup)
+
+    measure = planner._step
+    monkeypatch.setattr(planner, "_step", step)
     folder = tiny_qwen2(tmp_path / "m")
-    result = subprocess.run([sys.executable, "-m", "workbench", "plan", str(folder), "--peft",
-                             str(lora_file(tmp_path)), "--seq", "64", "--batch", "4", "--memory", "64MiB", "--json"],
-                            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    result = plan_here(folder, "--peft", lora_file(tmp_path), "--seq", 64, "--batch", 4, "--memory", "64MiB",
+                       "--json")
     assert result.returncode in (0, 1), result.stderr
+    assert len(measured) == len(set(measured)), measured  # no step measured twice (s/2: the fit and the toggle)
     d = json.loads(result.stdout)
     assert {"device", "peak_bytes", "weights_bytes", "breakdown", "top_modules", "phase", "fits", "largest_batch",
             "largest_seq", "toggles"} <= set(d)
@@ -213,6 +225,8 @@ def test_json_has_the_issue_fields_and_a_budget_gives_the_largest_batch_and_togg
     assert d["device"] == "cuda" and "unseen: cuda_context" in d["breakdown"]
     assert all(t["source"] for t in d["unseen"])
     assert {t["toggle"] for t in d["toggles"]} >= {"gradient checkpointing", "4-bit base (QLoRA)", "half the sequence"}
+    checkpointing = next(t for t in d["toggles"] if t["toggle"] == "gradient checkpointing")
+    assert checkpointing["saves_bytes"] > 0  # a step with checkpointing on, not the same step again
     fsdp = next(t for t in d["toggles"] if t["toggle"].startswith("FSDP over "))
     # measured per rank, with NCCL's buffers (a cited line of several GPUs) on top: on a model this small they
     # outweigh what sharding saves, so the comparison leaves them out
@@ -350,11 +364,11 @@ def test_notebook_11_plans_the_census_families_or_says_why_not(tmp_path, model_t
 @pytest.mark.slow
 def test_a_sequence_past_the_models_positions_and_a_model_it_cannot_step_are_one_line_and_exit_2(tmp_path):
     folder = tiny_qwen2(tmp_path / "m", max_position_embeddings=256)
-    result = bad(folder, "--seq", "512")
+    result = plan_here(folder, "--seq", "512")
     assert result.returncode == 2 and "exceeds the model's position limit 256" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     from transformers import WhisperConfig
 
     WhisperConfig(architectures=["WhisperForConditionalGeneration"]).save_pretrained(tmp_path / "speech")
-    result = bad(tmp_path / "speech")
+    result = plan_here(tmp_path / "speech")
     assert result.returncode == 2 and "trains on `input_features`" in result.stderr

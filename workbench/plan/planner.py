@@ -117,6 +117,9 @@ class Plan(Displayable):
     largest_batch: int | None = None
     largest_seq: int | None = None
     toggles: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # planned peaks at other sequence lengths, each a step measured once: the largest-sequence fit and the
+    # half-sequence toggle both read s/2
+    peaks_at_seq: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def peak_bytes(self) -> int:
@@ -164,6 +167,12 @@ def _planned(setup, gpus: int) -> int:
     return step.peak_bytes + sum(t.bytes for t in terms_for(setup, step, gpus))
 
 
+def _planned_at_seq(plan: Plan, seq: int) -> int:
+    if seq not in plan.peaks_at_seq:
+        plan.peaks_at_seq[seq] = _planned(plan.setup.replace(seq=seq), plan.gpus)
+    return plan.peaks_at_seq[seq]
+
+
 def _largest_batch(plan: Plan) -> int | None:
     """From steps at batch b and 2b: memory is affine in the batch."""
     setup, b = plan.setup, plan.setup.batch
@@ -178,8 +187,7 @@ def _largest_batch(plan: Plan) -> int | None:
 def _largest_seq(plan: Plan) -> int | None:
     """From steps at s/2, s and 2s: a quadratic in the sequence length (attention's square where it is kept)."""
     setup, s = plan.setup, plan.setup.seq
-    points = [(s // 2, _planned(setup.replace(seq=max(1, s // 2)), plan.gpus)), (s, plan.peak_bytes),
-              (2 * s, _planned(setup.replace(seq=2 * s), plan.gpus))]
+    points = [(s // 2, _planned_at_seq(plan, max(1, s // 2))), (s, plan.peak_bytes), (2 * s, _planned_at_seq(plan, 2 * s))]
     (x0, y0), (x1, y1), (x2, y2) = points
     # Lagrange form of the quadratic through the three points, then its largest root within the budget
     def at(x: float) -> float:
@@ -266,9 +274,14 @@ def _toggles(plan: Plan) -> list[dict[str, Any]]:
     if not args.gradient_checkpointing:
         from workbench.probes.train.configuration import gpu_configuration
 
+        # transformers 5.23 reads `gradient_checkpointing*` only as deprecated aliases of `activation_checkpointing*`
+        # while those are None (training_args.py:1533-1545): a copy of built arguments keeps the new names' False
+        # unless they change too; earlier releases have only the old names
+        on = {"activation_checkpointing": True, "activation_checkpointing_kwargs": {"use_reentrant": False},
+              "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+        known = {f.name for f in dataclasses.fields(args) if f.init}
         with gpu_configuration():  # rebuilt as on the GPU the arguments were written for (bf16 is checked there)
-            changed = dataclasses.replace(args, gradient_checkpointing=True,
-                                          gradient_checkpointing_kwargs={"use_reentrant": False})
+            changed = dataclasses.replace(args, **{k: v for k, v in on.items() if k in known})
         out.append(_toggle(plan, "gradient checkpointing", "gradient_checkpointing=True, "
                            "gradient_checkpointing_kwargs={'use_reentrant': False}",
                            _planned(setup.replace(args=changed), plan.gpus)))
@@ -284,7 +297,7 @@ def _toggles(plan: Plan) -> list[dict[str, Any]]:
         out.append(_toggle(plan, "8-bit optimizer", "optim='adamw_bnb_8bit' (bitsandbytes AdamW8bit: two uint8 "
                            "states a parameter, fp32 absmax per 2048)", plan.peak_bytes - states + eight))
     out.append(_toggle(plan, "half the sequence", f"max_length={setup.seq // 2}",
-                       _planned(setup.replace(seq=max(1, setup.seq // 2)), plan.gpus)))
+                       _planned_at_seq(plan, max(1, setup.seq // 2))))
     fsdp = _fsdp_toggle(plan)
     if fsdp is not None:
         out.append(fsdp)
