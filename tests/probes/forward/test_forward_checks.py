@@ -153,3 +153,43 @@ def test_out_of_memory_is_an_error_that_says_so(demo, tmp_path):
     found = {f.id: f for f in recorder.findings}
     assert found["forward.scenarios"].verdict == "error" and "out of memory" in found["forward.scenarios"].title
     assert "2.00 GiB" in found["forward.scenarios"].detail and "smaller input" in found["forward.scenarios"].fix
+
+
+def test_the_matrix_runs_each_distinct_forward_once_and_a_cell_it_does_not_run_equals_running_it(demo):
+    """On this torch a thread started under autocast runs without it, and autocast does not cast to fp32: those
+    cells take their mode's no-autocast result. Run anyway, each gives that result (on the planted fp32 norm before
+    a bf16 head, where they fail, and on the healthy model); the forwards run are the distinct ones."""
+    import dataclasses
+
+    from workbench.model.batch import target_inputs
+    from workbench.model.dtypes import compute_dtype_of
+    from workbench.model.forward import run_forward
+    from workbench.probes.forward.scenarios import _describe, autocast_reaches_a_new_thread, run_matrix
+
+    assert not autocast_reaches_a_new_thread("cpu", torch.bfloat16)  # asked of torch in a thread
+    for planted in (True, False):
+        target = resolve_target(str(demo.qwen_base))
+        model = prepare_model(target).model
+        if planted:
+            model.model.language_model.norm.float()
+        inputs, _ = target_inputs(model, target)
+        compute = compute_dtype_of(model)
+        calls = []
+        hook = model.register_forward_pre_hook(lambda module, args: calls.append(module.training))
+        cells, tracer = run_matrix(model, inputs, compute)
+        hook.remove()
+        assert compute == torch.bfloat16 and len(cells) == 6 and len(calls) == 4  # eval/train x no autocast/autocast
+        assert tracer.calls  # the train / no-autocast forward was traced as it ran
+        derived = [c for c in cells if c.same_as]
+        assert [c.context for c in derived] == ["replica thread under autocast"] * 2
+        for c in derived:
+            model.train(c.mode == "train")
+            out, exc = run_forward(model, inputs, c.context, compute)
+            ran = (dataclasses.replace(c, ok=False, error=_describe(exc), dtype=None, shape=None) if exc is not None
+                   else dataclasses.replace(c, ok=True, error=None, dtype=str(out.logits.dtype).removeprefix("torch."),
+                                            shape=tuple(out.logits.shape)))
+            assert ran == c and c.ok is not planted, (ran, c)
+    fp32 = torch.nn.Linear(4, 4)
+    assert [c.same_as for c in run_matrix(fp32, {"input": torch.ones(2, 4)}, torch.float32)[0]][:3] == [
+        None, "no autocast (autocast does not cast to float32: no context)",
+        "no autocast (autocast does not cast to float32: no context)"]

@@ -2,14 +2,20 @@
 
 Cells: eval / train mode x (no autocast | autocast in the main thread | a replica thread started under autocast)
 x (the prepared model | its base with adapters disabled, when PEFT is involved). Each cell records pass/fail, the
-exception, output dtype and shape, NaN/inf. The first failing cell is re-run under the dtype tracer.
+exception, output dtype and shape, NaN/inf. Only distinct forwards run: a context that is no autocast for this
+model and this torch takes its mode's no-autocast result (`same_as`) — the replica thread, where a thread started
+under autocast runs without it (asked of torch in such a thread: its state is per thread, how DataParallel's
+replicas lose it), and autocast itself for a compute dtype it does not cast to (fp32). The train / no-autocast cell
+runs under the dtype tracer; a cell that fails before it is run again under the tracer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import re
+import threading
 from typing import Any
 
 import torch
@@ -23,7 +29,7 @@ from workbench.model.batch import target_inputs
 from workbench.model.bnb_cpu_layout import held_layout_note, keep_training_layout
 from workbench.model.dtypes import compute_dtype_of
 from workbench.model.finiteness import all_finite
-from workbench.model.forward import logits_of, run_forward
+from workbench.model.forward import autocast, device_type_of, logits_of, run_forward
 from workbench.model.memory import free_memory
 from workbench.model.tracer import DtypeTracer
 from workbench.probes.forward.library_dtype_break import library_break_fix, library_dtype_break
@@ -42,6 +48,7 @@ class Cell:
     dtype: str | None = None
     shape: tuple | None = None
     nonfinite: bool = False
+    same_as: str | None = None  # the context whose forward this cell is (not run again), and why
 
     @property
     def label(self) -> str:
@@ -51,7 +58,7 @@ class Cell:
         return {"variant": self.variant, "mode": self.mode, "context": self.context,
                 "result": "pass" if self.ok and not self.nonfinite else "fail",
                 "output": f"{self.dtype} {list(self.shape)}" if self.dtype else "",
-                "NaN/inf": self.nonfinite, "error": self.error or ""}
+                "NaN/inf": self.nonfinite, "error": self.error or "", "same forward as": self.same_as or ""}
 
 
 def _variants(model: nn.Module):
@@ -66,27 +73,65 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
-def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> list[Cell]:
+@functools.cache
+def autocast_reaches_a_new_thread(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether a thread started under autocast runs under it, asked of torch: a thread reads
+    torch.is_autocast_enabled while the starting thread holds autocast (torch 2.13 keeps its state per thread: no)."""
+    seen: dict[str, bool] = {}
+    with autocast(device_type, dtype):
+        reader = threading.Thread(target=lambda: seen.update(on=torch.is_autocast_enabled(device_type)))
+        reader.start()
+        reader.join()
+    return seen["on"]
+
+
+def same_forward_as(context: str, device_type: str, compute_dtype: torch.dtype) -> tuple[str, str] | None:
+    """(the context whose forward `context` runs for this model and this torch, why); None where it is its own."""
+    if context == "no autocast":
+        return None
+    if compute_dtype not in (torch.bfloat16, torch.float16):
+        return "no autocast", f"autocast does not cast to {str(compute_dtype).removeprefix('torch.')}: no context"
+    if context == "replica thread under autocast" and not autocast_reaches_a_new_thread(device_type, compute_dtype):
+        return "no autocast", ("a thread started under autocast runs without it (torch keeps autocast's state per "
+                               "thread; read in such a thread)")
+    return None
+
+
+TRACED = ("as prepared", "train", "no autocast")  # the cell the dtype flow traces when no cell fails before it
+
+
+def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> tuple[list[Cell], DtypeTracer]:
+    """The cells, and the dtype tracer of the TRACED cell's forward."""
     cells: list[Cell] = []
     was_training = model.training
+    same = {c: same_forward_as(c, device_type_of(model), compute_dtype) for c in CONTEXTS}
+    traced = DtypeTracer(model)
     try:
         for variant, ctx in _variants(model):
             with ctx:
                 for mode in ("eval", "train"):
                     model.train(mode == "train")
+                    ran: dict[str, Cell] = {}
                     for context in CONTEXTS:
-                        out, exc = run_forward(model, inputs, context, compute_dtype)
+                        if same[context]:
+                            base, why = same[context]
+                            cells.append(dataclasses.replace(ran[base], context=context, same_as=f"{base} ({why})"))
+                            continue
+                        with traced if (variant, mode, context) == TRACED else contextlib.nullcontext():
+                            out, exc = run_forward(model, inputs, context, compute_dtype)
                         if exc is not None:
                             cells.append(Cell(variant, mode, context, False, _describe(exc)))
                             if isinstance(exc, torch.OutOfMemoryError):
                                 free_memory()
-                            continue
-                        logits = logits_of(out)
-                        cells.append(Cell(variant, mode, context, True, None, str(logits.dtype).removeprefix("torch."),
-                                          tuple(logits.shape), not all_finite(logits)))
+                        else:
+                            logits = logits_of(out)
+                            cells.append(Cell(variant, mode, context, True, None,
+                                              str(logits.dtype).removeprefix("torch."), tuple(logits.shape),
+                                              not all_finite(logits)))
+                        ran[context] = cells[-1]
     finally:
         model.train(was_training)
-    return cells
+    return cells, traced
 
 
 def fix_for(diagnosis: dict[str, Any] | None) -> str:
@@ -204,18 +249,19 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
     keep_training_layout(model)  # the eval cells must not repack 4-bit weights the train cells then run on
     compute = compute_dtype_of(model)
     inputs, how = target_inputs(model, target)  # a batch the model accepts, or BatchNotAccepted: an `error`
-    cells = run_matrix(model, inputs, compute)
+    cells, tracer = run_matrix(model, inputs, compute)
     failing = next((c for c in cells if not c.ok), None)
-    chosen = failing or Cell("as prepared", "train", "no autocast", True)
-    was_training = model.training
-    variants = dict(_variants(model))
-    try:
-        with variants.get(chosen.variant, contextlib.nullcontext()):
-            model.train(chosen.mode == "train")
-            with DtypeTracer(model) as tracer:
-                run_forward(model, inputs, chosen.context, compute)
-    finally:
-        model.train(was_training)
+    chosen = failing or Cell(*TRACED, True)
+    if (chosen.variant, chosen.mode, chosen.context) != TRACED:  # a cell before it failed: trace that forward
+        was_training = model.training
+        variants = dict(_variants(model))
+        try:
+            with variants.get(chosen.variant, contextlib.nullcontext()):
+                model.train(chosen.mode == "train")
+                with DtypeTracer(model) as tracer:
+                    run_forward(model, inputs, chosen.context, compute)
+        finally:
+            model.train(was_training)
     failing_call = tracer.failing_call()
     library = (library_dtype_break(model, tracer, compute)
                if failing is not None and DTYPE_ERROR.search(failing.error or "") else None)
