@@ -474,8 +474,9 @@ CHECKS: tuple[Check, ...] = (
        "Which forward passes of the scenario matrix (eval/train × autocast × replica thread × adapters) pass?",
        "eval/train × no autocast / autocast / a replica thread started under autocast × adapters on/off, on image + "
        "text for VLMs: pass/fail, exception, output dtype and shape, NaN/inf, as a coloured grid; only distinct "
-       "forwards run (a replica thread runs without autocast, as torch is asked in such a thread, and autocast does "
-       "not cast to fp32: those cells take their mode's no-autocast result, said in the cell)",
+       "forwards run (eval without autocast is the forward that accepted the batch; a replica thread runs without "
+       "autocast, as torch is asked in such a thread, and autocast does not cast to fp32: those cells take their "
+       "mode's no-autocast result, said in the cell)",
        **{"pass": "every scenario passes",
           "fail": "a scenario fails (with its error)"}),
     _c("forward.dtype_flow", "04_forward_checks",

@@ -24,7 +24,8 @@ from torch import nn
 from workbench.model.bnb_cpu_layout import keep_training_layout
 from workbench.model.declared_quantization import raise_if_declared_quantization_unapplied
 from workbench.model.dtypes import compute_dtype_of
-from workbench.model.forward import labels_how, run_forward, with_labels
+from workbench.model.finiteness import all_finite
+from workbench.model.forward import labels_how, logits_of, run_forward, with_labels
 from workbench.model.inputs import candidate_inputs
 from workbench.model.memory import free_memory
 
@@ -37,6 +38,9 @@ class AcceptedBatch:
     labeled: dict[str, Any]  # inputs with labels that fit the head (the same dict when the head takes none)
     how: str  # how the inputs were made, and their labels
     rejected: list[tuple[str, str]]  # (candidate, exception) tried before this one
+    # the accepting forward's logits (eval mode, no autocast, `inputs` as given here) as (dtype, shape, all finite),
+    # where it ran without autocast: the forward matrix's eval / no-autocast cell is that same forward and reads it
+    eval_logits: tuple[str, tuple, bool] | None = None
 
 
 class BatchNotAccepted(RuntimeError):
@@ -62,22 +66,31 @@ class ForwardOutOfMemory(RuntimeError):
     fix = "Memory was freed; diagnose with a smaller input, 4-bit, or more GPU memory."
 
 
-def _runs(model: nn.Module, inputs: dict) -> str | None:
-    """None when one eval forward runs (no autocast, else under autocast), else the first exception."""
+def _summary(out) -> tuple[str, tuple, bool] | None:
+    try:
+        logits = logits_of(out)
+        return str(logits.dtype).removeprefix("torch."), tuple(logits.shape), all_finite(logits)
+    except Exception:  # noqa: BLE001 - an output without logits: the matrix runs its own forward
+        return None
+
+
+def _runs(model: nn.Module, inputs: dict) -> tuple[str | None, tuple[str, tuple, bool] | None]:
+    """(None, its logits' dtype, shape and finiteness when it ran without autocast) when one eval forward runs (no
+    autocast, else under autocast), else (the first exception, None)."""
     keep_training_layout(model)  # an eval forward must not repack 4-bit weights for CPU inference
     was_training = model.training
     model.eval()
     try:
         first = None
         for context in ("no autocast", "autocast"):
-            _out, exc = run_forward(model, inputs, context, compute_dtype_of(model))
+            out, exc = run_forward(model, inputs, context, compute_dtype_of(model))
             if exc is None:
-                return None
+                return None, (_summary(out) if context == "no autocast" else None)
             if isinstance(exc, torch.OutOfMemoryError):
                 free_memory()
                 raise ForwardOutOfMemory(f"out of memory: {str(exc)[:300]}") from exc
             first = first or f"{type(exc).__name__}: {str(exc)[:300]}"
-        return first
+        return first, None
     finally:
         model.train(was_training)
 
@@ -94,12 +107,12 @@ def accepted_batch(model: nn.Module, target) -> AcceptedBatch:
             rejected.append((how, build_error or ""))
             continue
         labeled = with_labels(model, inputs)
-        error = _runs(model, labeled)
+        error, output = _runs(model, labeled)
         if error is None:
-            batch = AcceptedBatch(inputs, labeled, f"{how}; {labels_how(model, labeled)}", rejected)
-        elif labeled is not inputs and _runs(model, inputs) is None:
+            batch = AcceptedBatch(inputs, labeled, f"{how}; {labels_how(model, labeled)}", rejected, output)
+        elif labeled is not inputs and (unlabeled := _runs(model, inputs))[0] is None:
             batch = AcceptedBatch(inputs, inputs, f"{how}; labels not accepted ({error}): loss from the outputs",
-                                  rejected)
+                                  rejected, unlabeled[1])
         else:
             rejected.append((how, error))
             continue

@@ -157,31 +157,39 @@ def test_out_of_memory_is_an_error_that_says_so(demo, tmp_path):
 
 def test_the_matrix_runs_each_distinct_forward_once_and_a_cell_it_does_not_run_equals_running_it(demo):
     """On this torch a thread started under autocast runs without it, and autocast does not cast to fp32: those
-    cells take their mode's no-autocast result. Run anyway, each gives that result (on the planted fp32 norm before
-    a bf16 head, where they fail, and on the healthy model); the forwards run are the distinct ones."""
+    cells take their mode's no-autocast result; the eval / no-autocast cell is the forward that accepted the batch.
+    Run anyway, each gives that result (on the planted fp32 norm before a bf16 head, where they fail, and on the
+    healthy model); the forwards the probe runs are the distinct ones left: eval under autocast, train without
+    (traced) and with it."""
     import dataclasses
 
     from workbench.model.batch import target_inputs
-    from workbench.model.dtypes import compute_dtype_of
     from workbench.model.forward import run_forward
     from workbench.probes.forward.scenarios import _describe, autocast_reaches_a_new_thread, run_matrix
 
     assert not autocast_reaches_a_new_thread("cpu", torch.bfloat16)  # asked of torch in a thread
     for planted in (True, False):
         target = resolve_target(str(demo.qwen_base))
-        model = prepare_model(target).model
+        prepared = prepare_model(target)
+        model = prepared.model
         if planted:
             model.model.language_model.norm.float()
-        inputs, _ = target_inputs(model, target)
-        compute = compute_dtype_of(model)
+        inputs, _ = target_inputs(model, target)  # the forward that accepts the batch (under autocast if planted)
         calls = []
         hook = model.register_forward_pre_hook(lambda module, args: calls.append(module.training))
-        cells, tracer = run_matrix(model, inputs, compute)
+        report = forward_scenarios_probe(prepared, target)
         hook.remove()
-        assert compute == torch.bfloat16 and len(cells) == 6 and len(calls) == 4  # eval/train x no autocast/autocast
-        assert tracer.calls  # the train / no-autocast forward was traced as it ran
-        derived = [c for c in cells if c.same_as]
-        assert [c.context for c in derived] == ["replica thread under autocast"] * 2
+        compute = getattr(torch, report.compute_dtype)
+        assert compute == torch.bfloat16 and len(report.cells) == 6
+        # planted: eval / no autocast raised in the batch check, so it runs, and as the first failing cell it is traced
+        assert calls == ([False, True, True] if not planted else [False, False, True, True, False])
+        derived = [c for c in report.cells if c.same_as]
+        assert [(c.mode, c.context) for c in derived] == (
+            [("eval", "no autocast")] * (not planted) + [("eval", "replica thread under autocast"),
+                                                         ("train", "replica thread under autocast")])
+        fresh, _ = run_matrix(model, inputs, compute)  # every cell of its own but the replicas
+        assert [dataclasses.replace(c, same_as=None) for c in report.cells if c.context != "replica thread under "
+                "autocast"] == [c for c in fresh if not c.same_as]
         for c in derived:
             model.train(c.mode == "train")
             out, exc = run_forward(model, inputs, c.context, compute)

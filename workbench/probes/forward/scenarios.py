@@ -2,7 +2,8 @@
 
 Cells: eval / train mode x (no autocast | autocast in the main thread | a replica thread started under autocast)
 x (the prepared model | its base with adapters disabled, when PEFT is involved). Each cell records pass/fail, the
-exception, output dtype and shape, NaN/inf. Only distinct forwards run: a context that is no autocast for this
+exception, output dtype and shape, NaN/inf. Only distinct forwards run: the eval / no-autocast cell is the forward
+that accepted the batch (`model.batch`), read from it; a context that is no autocast for this
 model and this torch takes its mode's no-autocast result (`same_as`) — the replica thread, where a thread started
 under autocast runs without it (asked of torch in such a thread: its state is per thread, how DataParallel's
 replicas lose it), and autocast itself for a compute dtype it does not cast to (fp32). The train / no-autocast cell
@@ -25,7 +26,7 @@ from workbench.display.nodes import Cell as ShadedCell
 from workbench.display.nodes import Details, Display, Heading, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.model.batch import target_inputs
+from workbench.model.batch import accepted_batch
 from workbench.model.bnb_cpu_layout import held_layout_note, keep_training_layout
 from workbench.model.dtypes import compute_dtype_of
 from workbench.model.finiteness import all_finite
@@ -100,8 +101,13 @@ def same_forward_as(context: str, device_type: str, compute_dtype: torch.dtype) 
 TRACED = ("as prepared", "train", "no autocast")  # the cell the dtype flow traces when no cell fails before it
 
 
-def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> tuple[list[Cell], DtypeTracer]:
-    """The cells, and the dtype tracer of the TRACED cell's forward."""
+BATCH_CHECK = ("as prepared", "eval", "no autocast")  # the forward that accepted the batch (model.batch)
+
+
+def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype,
+               eval_logits: tuple[str, tuple, bool] | None = None) -> tuple[list[Cell], DtypeTracer]:
+    """The cells, and the dtype tracer of the TRACED cell's forward. `eval_logits`: the BATCH_CHECK cell's result
+    (dtype, shape, all finite), from the forward that accepted the batch on these inputs."""
     cells: list[Cell] = []
     was_training = model.training
     same = {c: same_forward_as(c, device_type_of(model), compute_dtype) for c in CONTEXTS}
@@ -116,6 +122,13 @@ def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> tu
                         if same[context]:
                             base, why = same[context]
                             cells.append(dataclasses.replace(ran[base], context=context, same_as=f"{base} ({why})"))
+                            continue
+                        if eval_logits is not None and (variant, mode, context) == BATCH_CHECK:
+                            dtype, shape, finite = eval_logits
+                            ran[context] = Cell(variant, mode, context, True, None, dtype, shape, not finite,
+                                                same_as="the forward that accepted the batch (eval, no autocast, "
+                                                        "these inputs)")
+                            cells.append(ran[context])
                             continue
                         with traced if (variant, mode, context) == TRACED else contextlib.nullcontext():
                             out, exc = run_forward(model, inputs, context, compute_dtype)
@@ -248,8 +261,9 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
     model = prepared.model
     keep_training_layout(model)  # the eval cells must not repack 4-bit weights the train cells then run on
     compute = compute_dtype_of(model)
-    inputs, how = target_inputs(model, target)  # a batch the model accepts, or BatchNotAccepted: an `error`
-    cells, tracer = run_matrix(model, inputs, compute)
+    batch = accepted_batch(model, target)  # a batch the model accepts, or BatchNotAccepted: an `error`
+    inputs, how = batch.labeled, batch.how
+    cells, tracer = run_matrix(model, inputs, compute, batch.eval_logits)
     failing = next((c for c in cells if not c.ok), None)
     chosen = failing or Cell(*TRACED, True)
     if (chosen.variant, chosen.mode, chosen.context) != TRACED:  # a cell before it failed: trace that forward
