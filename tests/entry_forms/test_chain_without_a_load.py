@@ -69,3 +69,19 @@ def test_another_set_up_or_a_device_map_loads_its_own_and_says_why(artifacts_of)
     assert "The raw model: a load of its own" in report.view().html()
     report = peft_attribute_probe(resolve_target(str(checkpoint), device_map="cpu"))
     assert len(LOADS) == loads + 2 and "accelerate's hooks" in report.raw_from
+
+
+def test_a_model_whose_tree_cannot_be_copied_gets_a_chain_on_a_load_of_its_own(artifacts_of, monkeypatch):
+    checkpoint = artifacts_of(FAMILIES[0]).checkpoint
+
+    def refuses(model):
+        raise TypeError("cannot pickle '_thread.lock' object")  # what deepcopy raises on a module holding a lock
+
+    monkeypatch.setattr("workbench.model.module_tree.tree_copy", refuses)
+    shared.reset()
+    loads = len(LOADS)
+    report = peft_attribute_probe(resolve_target(str(checkpoint)))
+    assert len(LOADS) == loads + 2  # the shared model, then the chain's own
+    assert report.raw_from.startswith("a load of its own (the prepared model's module tree could not be copied "
+                                      "(TypeError: cannot pickle")
+    assert [s.step for s in report.snapshots] == ["raw model", "get_peft_model", "Trainer (n_gpu=1)"]

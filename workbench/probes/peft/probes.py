@@ -25,7 +25,7 @@ from workbench.model.guard import restored
 from workbench.model.loading import load_pretrained
 from workbench.model.module_tree import as_loaded, why_the_chain_loads
 from workbench.model.setups import add_fresh_lora, prepare_for_kbit_training
-from workbench.model.shared import prepare_shared
+from workbench.model.shared import make_room_for_a_copy, prepare_shared
 
 MISSING = "—"
 # read by Trainer.__init__ / _wrap_model / validate_quantization_for_training and by accelerate's prepare
@@ -161,7 +161,15 @@ def peft_attribute_probe(target) -> AttributeResult:
     if why_load is None:
         shared = prepare_shared(target).model
         with restored(shared):
-            return _walk_chain(as_loaded(shared), target, "a copy of the shared model's module tree (no load)")
+            try:
+                raw = as_loaded(shared)
+            except Exception as exc:  # noqa: BLE001 - a module that refuses deepcopy or unload: a load of its own
+                why_load = (f"the prepared model's module tree could not be copied ({type(exc).__name__}: "
+                            f"{str(exc)[:160]})")
+            else:
+                return _walk_chain(raw, target, "a copy of the shared model's module tree (no load)")
+        del shared
+        make_room_for_a_copy(target)
     load = dict(quant=target.quant, device_map=target.device_map, max_memory=target.max_memory,
                 trust_remote_code=target.trust_remote_code)
     model = load_pretrained(target.model_dir, **load,
