@@ -400,7 +400,7 @@ def scaling_rows(rows: list, workdir: Path, repeats: int, sizes: list[str] | Non
         rows.append((f"`diagnose` of a {size / 1e9:.2f} GB Llama (every notebook) vs load + one forward in a fresh "
                      "process", stats([r["seconds"] for r in runs]), stats([r["seconds"] for r in naive]),
                      f"{ratio:.1f}× the load + forward",
-                     f"{report['cost']['model_loads']} model loads, {report['cost']['kernels_started']} kernel; "
+                     f"{report['cost']['model_loads']} model load(s), {report['cost']['kernels_started']} kernel; "
                      f"peak anonymous RSS of one process {sampled['anon_one'] / size:.2f}× the checkpoint; goal ≤ 5×"))
 
 
