@@ -1,6 +1,7 @@
-"""Notebook 03's wrapping chain under the plain set-up walks a copy of the shared model's module tree, not a load of
-its own: for a checkpoint, a 4-bit load, a trained adapter and one with `modules_to_save` of a VLM, and the adapters
-of a causal LM and an encoder-decoder, its snapshots equal those of the chain on a fresh load; the shared model is left exactly as the
+"""Notebook 03's wrapping chain needs no load of its own: under the plain set-up it walks a copy of the shared model's
+module tree, under qlora it reads the set-up's own steps, snapshotted as they ran. For a checkpoint, a 4-bit load, a
+trained adapter and one with `modules_to_save` of a VLM, the adapters of a causal LM and an encoder-decoder, and
+qlora on each family, its snapshots equal those of the chain on a fresh load; the shared model is left exactly as the
 set-up returned it (tensors, flags, modes, module types, hooks, config); no load is made."""
 
 from __future__ import annotations
@@ -28,17 +29,24 @@ def structure(model) -> list[tuple]:
     return [*modules, ("config", model.config.to_json_string() if hasattr(model, "config") else None)]
 
 
-# every form of the VLM; the adapter forms (PEFT's unload, the class built on meta) of the other two families
-CASES = [("qwen2_vl", form) for form in ("checkpoint", "checkpoint-4bit", "adapter", "adapter-modules_to_save")] + [
-    (family, form) for family in FAMILIES if family != "qwen2_vl" for form in ("adapter", "adapter-modules_to_save")]
+# every form of the VLM; the adapter forms (PEFT's unload, the class built on meta) of the other two families; under
+# qlora, the checkpoint and an adapter of each family
+CASES = [("qwen2_vl", form, "plain") for form in ("checkpoint", "checkpoint-4bit", "adapter",
+                                                  "adapter-modules_to_save")] + [
+    (family, form, "plain") for family in FAMILIES if family != "qwen2_vl"
+    for form in ("adapter", "adapter-modules_to_save")] + [
+    ("qwen2_vl", "checkpoint", "qlora"), ("qwen2_vl", "adapter", "qlora"), ("olmo2", "adapter-modules_to_save", "qlora"),
+    ("t5", "adapter", "qlora")]
 
 
-@pytest.mark.parametrize("family, form", CASES)
-def test_the_chain_on_the_shared_models_tree_equals_a_chain_on_its_own_load(family, form, artifacts_of):
+@pytest.mark.parametrize("family, form, setup", CASES)
+def test_the_chain_without_a_load_equals_a_chain_on_its_own_load(family, form, setup, artifacts_of):
+    """plain: a copy of the shared model's module tree; qlora: the set-up's own steps, snapshotted as they ran (its
+    4-bit load, whatever --quant said), and a tree copy for the Trainer."""
     built = artifacts_of(family)
     folder = {"checkpoint": built.checkpoint, "checkpoint-4bit": built.checkpoint, "adapter": built.adapter,
               "adapter-modules_to_save": built.adapter_saved_head}[form]
-    target = resolve_target(str(folder), quant="4bit" if form.endswith("4bit") else "none")
+    target = resolve_target(str(folder), quant="4bit" if form.endswith("4bit") else "none", setup=setup)
     shared.reset()
     model = shared.prepare_shared(target).model
     before, before_structure = model_fingerprint(model), structure(model)
@@ -48,11 +56,14 @@ def test_the_chain_on_the_shared_models_tree_equals_a_chain_on_its_own_load(fami
     derived = peft_attribute_probe(target)
 
     assert len(LOADS) == loads  # no load of its own
-    assert derived.raw_from.startswith("a copy of the shared model's module tree")
+    assert derived.raw_from.startswith({"plain": "a copy of the shared model's module tree",
+                                        "qlora": "the qlora set-up's own steps"}[setup])
     assert model_fingerprint(model) == before and structure(model) == before_structure
     assert all(torch.equal(weights[n], p) for n, p in model.named_parameters() if n in weights)
     shared.reset()
-    own = _walk_chain(load_pretrained(target.model_dir, quant=target.quant), target, "a load of its own")
+    quant = "4bit" if setup == "qlora" else target.quant
+    own = _walk_chain(load_pretrained(target.model_dir, quant=quant), dataclasses.replace(target, quant=quant),
+                      "a load of its own")
     assert [dataclasses.asdict(s) for s in derived.snapshots] == [dataclasses.asdict(s) for s in own.snapshots]
     assert derived.skipped == own.skipped
     assert [f.to_dict() for f in derived.findings()] == [
@@ -63,9 +74,9 @@ def test_another_set_up_or_a_device_map_loads_its_own_and_says_why(artifacts_of)
     checkpoint = artifacts_of(FAMILIES[0]).checkpoint
     shared.reset()
     loads = len(LOADS)
-    report = peft_attribute_probe(resolve_target(str(checkpoint), quant="4bit", setup="qlora"))
-    assert len(LOADS) == loads + 1 and "the qlora set-up's model is already wrapped" in LOADS[-1]["why"]
-    assert report.raw_from == "a load of its own (the qlora set-up's model is already wrapped)"
+    report = peft_attribute_probe(resolve_target(str(checkpoint), quant="4bit", setup="qlora_trl_legacy"))
+    assert len(LOADS) == loads + 1 and "the qlora_trl_legacy set-up's model is already wrapped" in LOADS[-1]["why"]
+    assert report.raw_from == "a load of its own (the qlora_trl_legacy set-up's model is already wrapped)"
     assert "The raw model: a load of its own" in report.view().html()
     report = peft_attribute_probe(resolve_target(str(checkpoint), device_map="cpu"))
     assert len(LOADS) == loads + 2 and "accelerate's hooks" in report.raw_from

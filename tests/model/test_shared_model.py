@@ -1,6 +1,7 @@
 """Load once, probe many: one prepared model shared by the steps of every notebook, and the steps that change it
 leave it as the set-up returned it."""
 
+import pytest
 import torch
 
 from workbench.model.guard import model_fingerprint, restored
@@ -106,14 +107,15 @@ def loads_of_03_alone_and_of_01_to_04(tmp_path, monkeypatch, **options):
 
 
 def test_a_model_too_big_for_two_copies_is_still_loaded_twice_not_three_times(demo, tmp_path, monkeypatch):
-    """A checkpoint too big to hold twice, under a set-up that wraps the model (qlora): notebook 03's wrapping chain
-    needs a raw copy of its own, which would free the shared model and have 03 prepare it again. Told which
+    """A checkpoint too big to hold twice, under a set-up that casts the model past the chain (older trl's): notebook
+    03's wrapping chain needs a raw copy of its own, which would free the shared model and have 03 prepare it again. Told which
     notebooks run, the first prepare walks the chain first; 03 gets that result, with the findings a chain of its
     own gives, and the model is loaded twice in all."""
     from workbench.model import shared
     from workbench.model.loading import LOADS
 
-    options = dict(checkpoint=str(demo.llama), quant="4bit", setup="qlora", params_json='{"real_quant_max_bytes": 0}')
+    options = dict(checkpoint=str(demo.llama), quant="4bit", setup="qlora_trl_legacy",
+                   params_json='{"real_quant_max_bytes": 0}')
     (alone_loads, alone), (together_loads, together) = loads_of_03_alone_and_of_01_to_04(tmp_path, monkeypatch,
                                                                                           **options)
     assert (alone_loads, together_loads) == (2, 2) and together == alone
@@ -124,10 +126,12 @@ def test_a_model_too_big_for_two_copies_is_still_loaded_twice_not_three_times(de
     shared.reset()
 
 
-def test_under_the_plain_set_up_notebooks_01_to_04_load_the_model_once(demo, tmp_path, monkeypatch):
-    """The plain set-up: 03's chain walks a copy of the shared model's module tree, so notebooks 01-04 load the
-    model once, also where two copies would not fit, and 03's findings are those it gives alone."""
-    options = dict(checkpoint=str(demo.llama), params_json='{"real_quant_max_bytes": 0}')
+@pytest.mark.parametrize("setup", ["plain", "qlora"])
+def test_under_the_plain_and_qlora_set_ups_notebooks_01_to_04_load_the_model_once(demo, tmp_path, monkeypatch, setup):
+    """The plain set-up: 03's chain walks a copy of the shared model's module tree; qlora: it reads the set-up's own
+    steps, snapshotted as they ran. Either way notebooks 01-04 load the model once, also where two copies would not
+    fit, and 03's findings are those it gives alone."""
+    options = dict(checkpoint=str(demo.llama), setup=setup, params_json='{"real_quant_max_bytes": 0}')
     (alone_loads, alone), (together_loads, together) = loads_of_03_alone_and_of_01_to_04(tmp_path, monkeypatch,
                                                                                           **options)
     assert (alone_loads, together_loads) == (1, 1) and together == alone

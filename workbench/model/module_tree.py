@@ -48,10 +48,11 @@ def tree_copy(model: nn.Module) -> nn.Module:
 def why_the_chain_loads(target) -> str | None:
     """Why notebook 03's wrapping chain cannot start from the shared model and loads a raw model of its own, or None
     where it can: the plain set-up returns from_pretrained's model (with the adapter loaded for inference on top,
-    which PEFT's `unload()` takes off again). Every other set-up has already prepared or wrapped it (k-bit
-    preparation casts, trl builds its trainer); an explicit device map hangs accelerate's hooks, which hold the
+    which PEFT's `unload()` takes off again); the qlora set-up's steps are the chain's own, snapshotted as it runs
+    them (`setups.WRAPPING_STEPS`). Every other set-up has already prepared or wrapped the model past the chain
+    (older trl's casts, trl's trainer, yours); an explicit device map hangs accelerate's hooks, which hold the
     offloaded weights, on the modules a copy would duplicate."""
-    if target.setup != "plain":
+    if target.setup not in ("plain", "qlora"):
         return f"the {target.setup} set-up's model is already wrapped"
     if target.device_map:
         return "an explicit device map: accelerate's hooks hold the offloaded weights"

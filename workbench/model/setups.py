@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import inspect
 import sys
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,6 +27,7 @@ from workbench.model.bnb_cpu_layout import keep_training_layout, packed_for_cpu_
 from workbench.model.heads import DESCRIPTIONS, PEFT_TASK_TYPES, head_kind, head_of_class
 from workbench.model.loading import auto_config, load_pretrained, load_processor, model_class_for, parse_dtype
 from workbench.model.memory import check_fits
+from workbench.model.trainer_attributes import snapshot
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # PeftModelForSequenceClassification / ...TokenClassification add these to modules_to_save (peft 0.21.2
@@ -180,15 +182,29 @@ def plain(checkpoint: str, adapter: str | None = None, **options: Any):
     return model
 
 
+# the qlora set-up's wrapping steps, snapshotted as it runs them (its model -> the snapshots): they are notebook
+# 03's wrapping chain, which reads them instead of walking the chain again on a load of its own
+WRAPPING_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def qlora(checkpoint: str, adapter: str | None = None, quant: str = "4bit", **options: Any):
     """The QLoRA recipe: 4-bit load, peft's prepare_model_for_kbit_training (`prepare_for_kbit_training`:
-    non-reentrant gradient checkpointing), then the given adapter, trainable, or a fresh LoRA (`lora_config_for`)."""
+    non-reentrant gradient checkpointing), then the given adapter, trainable, or a fresh LoRA (`lora_config_for`).
+    Each step's Trainer-read attributes are snapshotted as it runs (`WRAPPING_STEPS`)."""
     from peft import PeftModel
 
-    model = prepare_for_kbit_training(_load(checkpoint, quant="4bit" if quant == "none" else quant, **options))
+    model = _load(checkpoint, quant="4bit" if quant == "none" else quant, **options)
+    steps = [snapshot("raw model", model)]
+    model = prepare_for_kbit_training(model)
+    steps.append(snapshot("prepare_model_for_kbit_training", model))
     if adapter:
-        return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
-    return add_fresh_lora(model)
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+        steps.append(snapshot("PeftModel.from_pretrained", model))
+    else:
+        model = add_fresh_lora(model)
+        steps.append(snapshot("get_peft_model", model))
+    WRAPPING_STEPS[model] = steps
+    return model
 
 
 def legacy_trl_bf16_casting(model):

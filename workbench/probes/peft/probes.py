@@ -10,7 +10,6 @@ which were lost or changed.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import tempfile
 from typing import Any
 
@@ -23,62 +22,10 @@ from workbench.findings import Finding
 from workbench.model.declared_quantization import raise_if_declared_quantization_unapplied
 from workbench.model.guard import restored
 from workbench.model.loading import load_pretrained
-from workbench.model.module_tree import as_loaded, why_the_chain_loads
-from workbench.model.setups import add_fresh_lora, prepare_for_kbit_training
+from workbench.model.module_tree import as_loaded, tree_copy, why_the_chain_loads
+from workbench.model.setups import WRAPPING_STEPS, add_fresh_lora, prepare_for_kbit_training
 from workbench.model.shared import make_room_for_a_copy, prepare_shared
-
-MISSING = "—"
-# read by Trainer.__init__ / _wrap_model / validate_quantization_for_training and by accelerate's prepare
-TRAINER_READ = ("hf_device_map", "is_loaded_in_4bit", "is_loaded_in_8bit", "quantization_method", "is_quantized",
-                "is_parallelizable", "model_parallel")
-ATTRIBUTES = TRAINER_READ + ("_hf_peft_config_loaded", "_keep_in_fp32_modules", "is_gradient_checkpointing",
-                             "config.use_cache", "dtype", "device")
-
-
-def _read(obj: Any, path: str) -> tuple[Any, str]:
-    """(value, how): how is 'own' (found without __getattr__), 'forwarded' (only via __getattr__) or 'missing'."""
-    head, _, rest = path.partition(".")
-    try:
-        value = getattr(obj, head)
-    except Exception:  # noqa: BLE001 - properties may raise on odd models; that is "missing" for us
-        return MISSING, "missing"
-    try:
-        inspect.getattr_static(obj, head)
-        how = "own"
-    except AttributeError:
-        how = "forwarded"
-    if rest:
-        value, sub = _read(value, rest)
-        how = sub if sub == "missing" else how
-    return value, how
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, torch.dtype):
-        return str(value).removeprefix("torch.")
-    if isinstance(value, (set, frozenset)):
-        return str(sorted(value))
-    return str(value)
-
-
-@dataclasses.dataclass
-class AttributeSnapshot:
-    step: str
-    object_type: str
-    values: dict[str, str]
-    how: dict[str, str]
-    trainable: int
-    total: int
-
-
-def snapshot(step: str, model: nn.Module) -> AttributeSnapshot:
-    values, how = {}, {}
-    for name in ATTRIBUTES:
-        value, where = _read(model, name)
-        values[name], how[name] = _show(value), where
-    params = list(model.parameters())
-    return AttributeSnapshot(step, type(model).__name__, values, how,
-                             sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params))
+from workbench.model.trainer_attributes import ATTRIBUTES, MISSING, TRAINER_READ, AttributeSnapshot, snapshot
 
 
 @dataclasses.dataclass(repr=False)
@@ -160,13 +107,21 @@ def peft_attribute_probe(target) -> AttributeResult:
     why_load = why_the_chain_loads(target)
     if why_load is None:
         shared = prepare_shared(target).model
+        recorded = WRAPPING_STEPS.get(shared)  # the qlora set-up's own steps, snapshotted as it ran them
+        if target.setup != "plain" and recorded is None:
+            why_load = f"the {target.setup} set-up's steps were not snapshotted"
+    if why_load is None:
         with restored(shared):
             try:
-                raw = as_loaded(shared)
+                raw = tree_copy(shared) if recorded else as_loaded(shared)
             except Exception as exc:  # noqa: BLE001 - a module that refuses deepcopy or unload: a load of its own
                 why_load = (f"the prepared model's module tree could not be copied ({type(exc).__name__}: "
                             f"{str(exc)[:160]})")
             else:
+                if recorded:
+                    trainer = snapshot(f"Trainer (n_gpu={target.gpus})", _trainer_model(raw, target.gpus))
+                    return AttributeResult([*recorded, trainer], [], "the qlora set-up's own steps, snapshotted as "
+                                           "it ran them, and a copy of its module tree for the Trainer (no load)")
                 return _walk_chain(raw, target, "a copy of the shared model's module tree (no load)")
         del shared
         make_room_for_a_copy(target)
