@@ -3,8 +3,9 @@ the model itself.
 
     copy_, how = meta_copy(model)          # structure, dtypes, requires_grad; no byte of weights (the FSDP walk)
     with restored(shared):                 # flags and .data casts on the shared tensors reach the shared model
-        raw = as_loaded(shared, config)    # the plain set-up's model as from_pretrained returned it, adapter removed
+        raw = as_loaded(shared)            # the plain set-up's model as from_pretrained returned it, adapter removed
         get_peft_model(raw, ...)           # injects into the copy's modules; the shared model's stay as they were
+        Trainer(model=tree_copy(qlora_model), ...)  # the qlora chain's last step, on a copy
 
 Both copy the modules with `copy.deepcopy` and a memo that maps each parameter and buffer to the tensor the copy
 holds instead, so shared tensors stay shared. A wrap applied to a tree copy (PEFT's injection, gradient
