@@ -78,7 +78,6 @@ class NotebookSession(Displayable):
         from workbench.model.shared import loads_own_copy, make_room_for_a_copy, take_early_result
 
         if loads_own_copy(step, self.target):
-
             early = take_early_result(self.target, step.probe)
             if early is not None:  # run before the shared model was prepared (a model too big for two copies)
                 function = lambda *_args, **_kwargs: early  # noqa: E731 - its findings are recorded as the step's

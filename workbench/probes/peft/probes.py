@@ -100,36 +100,41 @@ def _trainer_model(model: nn.Module, gpus: int) -> nn.Module:
 
 
 def peft_attribute_probe(target) -> AttributeResult:
-    """Walk the raw model through the wrapping steps, snapshotting after each one. Under the plain set-up the raw
-    model is a copy of the shared model's module tree over its own tensors (`module_tree.as_loaded`: no load), and
-    the shared model is left as it was; under any other set-up it is a load of its own (`why_the_chain_loads`), freed
-    on return, so the notebook runs this before `prepare_model` (never two copies resident)."""
+    """Walk the raw model through the wrapping steps, snapshotting after each one. Under the plain and qlora set-ups
+    no model is loaded (`_chain_without_a_load`); under any other set-up, an explicit device map, or a module tree
+    that refuses the copy, the raw model is a load of its own, freed on return (the notebook runs this step before
+    `prepare_model` then: never two copies resident), and its `why` says which."""
     why_load = why_the_chain_loads(target)
     if why_load is None:
-        shared = prepare_shared(target).model
-        recorded = WRAPPING_STEPS.get(shared)  # the qlora set-up's own steps, snapshotted as it ran them
-        if target.setup != "plain" and recorded is None:
-            why_load = f"the {target.setup} set-up's steps were not snapshotted"
-    if why_load is None:
-        with restored(shared):
-            try:
-                raw = tree_copy(shared) if recorded else as_loaded(shared)
-            except Exception as exc:  # noqa: BLE001 - a module that refuses deepcopy or unload: a load of its own
-                why_load = (f"the prepared model's module tree could not be copied ({type(exc).__name__}: "
-                            f"{str(exc)[:160]})")
-            else:
-                if recorded:
-                    trainer = snapshot(f"Trainer (n_gpu={target.gpus})", _trainer_model(raw, target.gpus))
-                    return AttributeResult([*recorded, trainer], [], "the qlora set-up's own steps, snapshotted as "
-                                           "it ran them, and a copy of its module tree for the Trainer (no load)")
-                return _walk_chain(raw, target, "a copy of the shared model's module tree (no load)")
-        del shared
+        result, why_load = _chain_without_a_load(target)
+        if result is not None:
+            return result
         make_room_for_a_copy(target)
     load = dict(quant=target.quant, device_map=target.device_map, max_memory=target.max_memory,
                 trust_remote_code=target.trust_remote_code)
     model = load_pretrained(target.model_dir, **load,
                             why=f"peft.attributes: the raw model the wrapping chain walks ({why_load})")
     return _walk_chain(model, target, f"a load of its own ({why_load})")
+
+
+def _chain_without_a_load(target) -> tuple[AttributeResult | None, str]:
+    """The chain from the shared model: under qlora, the set-up's own steps as it snapshotted them and the Trainer's
+    on a copy of its module tree; under plain, the chain walked on a copy of the tree as from_pretrained returned it
+    (`module_tree.as_loaded`). Both under `guard.restored`. (None, why) where it cannot be had so."""
+    shared = prepare_shared(target).model
+    recorded = WRAPPING_STEPS.get(shared)  # the qlora set-up's own steps, snapshotted as it ran them
+    if target.setup != "plain" and recorded is None:
+        return None, f"the {target.setup} set-up's steps were not snapshotted"
+    with restored(shared):
+        try:
+            raw = tree_copy(shared) if recorded else as_loaded(shared)
+        except Exception as exc:  # noqa: BLE001 - a module that refuses deepcopy or unload: a load of its own
+            return None, f"the prepared model's module tree could not be copied ({type(exc).__name__}: {str(exc)[:160]})"
+        if recorded:
+            trainer = snapshot(f"Trainer (n_gpu={target.gpus})", _trainer_model(raw, target.gpus))
+            return AttributeResult([*recorded, trainer], [], "the qlora set-up's own steps, snapshotted as it ran "
+                                   "them, and a copy of its module tree for the Trainer (no load)"), ""
+        return _walk_chain(raw, target, "a copy of the shared model's module tree (no load)"), ""
 
 
 def _walk_chain(model, target, raw_from: str) -> AttributeResult:
