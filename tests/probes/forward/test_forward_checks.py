@@ -184,6 +184,9 @@ def test_the_matrix_runs_each_distinct_forward_once_and_a_cell_it_does_not_run_e
         # planted: eval / no autocast raised in the batch check, so it runs, and as the first failing cell it is traced
         assert calls == ([False, True, True] if not planted else [False, False, True, True, False])
         derived = [c for c in report.cells if c.same_as]
+        html = report.view().html()  # the grid says which cells share a forward, and whose
+        assert "train / replica thread under autocast: not run again, the same forward as no autocast (a thread " \
+               "started under autocast runs without it" in html
         assert [(c.mode, c.context) for c in derived] == (
             [("eval", "no autocast")] * (not planted) + [("eval", "replica thread under autocast"),
                                                          ("train", "replica thread under autocast")])

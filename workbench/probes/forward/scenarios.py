@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.display.nodes import Bullets, Details, Display, Heading, Paragraph, Table
 from workbench.display.nodes import Cell as ShadedCell
-from workbench.display.nodes import Details, Display, Heading, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.batch import accepted_batch
@@ -251,8 +251,11 @@ class ForwardResult(ProbeResult):
                                        align="center") for c in table.columns)] for v, m in table.index]
         flow = (Table.from_records(self.flow) if self.flow
                 else Paragraph("No module with a weight was traced."))
+        shared = {c.label: c.same_as for c in self.cells if c.same_as}
         return Display(Paragraph(f"Inputs: {self.inputs_how}"),
                        Table(["", *table.columns], cells, css_class="wb-grid", row_headers=True),
+                       Bullets([f"{cell}: not run again, the same forward as {forward}"
+                                for cell, forward in shared.items()]),
                        Heading(f"Dtype flow ({self.traced_cell or 'train / no autocast'})"), flow,
                        Details("all cells", Table.from_frame(grid)))
 
