@@ -2,12 +2,12 @@
 runner take check ids from it."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import workbench_here
 from workbench.catalog import CHECKS, NOTEBOOKS, markdown_table, notebook
 from workbench.contract import ContractViolation
 from workbench.findings import Finding
@@ -17,8 +17,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def workbench_cli(*args):
-    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
+    return workbench_here(*args)  # the CLI's entry point in this process (tests/cli_in_process.py)
 
 
 def test_checks_prints_every_check_and_json_for_tools():

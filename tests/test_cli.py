@@ -4,14 +4,11 @@ import sys
 
 import pytest
 
-
-def workbench(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=600, stdin=subprocess.DEVNULL)
+from tests.cli_in_process import workbench_here
 
 
 def test_census_reads_headers_only(demo):
-    result = workbench("census", demo.qwen_stage1, "--json")
+    result = workbench_here("census", demo.qwen_stage1, "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["integrity"]["verdict"] == "pass"
@@ -23,7 +20,7 @@ def test_census_reads_headers_only(demo):
 def test_census_of_a_damaged_checkpoint_exits_1(demo, copy_of):
     folder = copy_of(demo.qwen_base)
     (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:-64])
-    result = workbench("census", folder)
+    result = workbench_here("census", folder)
     assert result.returncode == 1
     fields = dict(line.split(None, 1) for line in result.stdout.splitlines()[:3])  # the findings table, as text
     assert fields["verdict"] == "FAIL" and fields["check"] == "checkpoint.integrity"
@@ -38,25 +35,11 @@ def test_census_of_a_damaged_checkpoint_exits_1(demo, copy_of):
     (["diagnose", "/no/such/checkpoint", "--serve", "ollamaa"], "--serve: unknown serving engine 'ollamaa'"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message):
-    result = workbench(*args)
+    result = workbench_here(*args)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
     assert "Traceback" not in result.stderr + result.stdout
-
-
-def workbench_here(*args):
-    """The CLI's entry point run in this process, for refusals that need no fresh one (each would import the stack
-    again for the one line it prints): exit code and what it printed."""
-    import contextlib
-    import io
-
-    from workbench.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(map(str, args)))
-    return subprocess.CompletedProcess(["workbench", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 def workbench_in_process(*args, cwd=None):
@@ -87,7 +70,7 @@ def test_the_set_up_and_the_architecture_are_checked_in_the_kernel_and_refused_w
 def test_unusable_reports_dir_exits_2(demo, tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the reports folder should go")
-    result = workbench("diagnose", demo.llama, "--reports-dir", blocker / "reports")
+    result = workbench_here("diagnose", demo.llama, "--reports-dir", blocker / "reports")
     assert result.returncode == 2
     assert "cannot create reports folder" in result.stderr and "Traceback" not in result.stderr
 

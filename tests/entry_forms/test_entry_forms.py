@@ -9,13 +9,12 @@ itself, which train.loss_accumulation must fail on (it does, naming the cause)."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import workbench_here
 from tests.entry_forms.artifacts import FAMILIES, HUB_BASE, STEPS
 from workbench.architectures.checks_in_process import model_level_findings
 
@@ -160,9 +159,7 @@ def test_workbench_callback_lets_a_healthy_run_train_to_its_end(family, artifact
 
 # --- the real CLI, for a few representative forms ---------------------------------------------------------------
 def diagnose(*args, reports: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", *map(str, args), "--reports-dir",
-                             str(reports)], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    result = workbench_here("diagnose", *args, "--reports-dir", reports, env={"OMP_NUM_THREADS": "1", **(env or {})})
     found = next(reports.rglob("findings.json"), None)
     return result, json.loads(found.read_text()) if found else {}
 

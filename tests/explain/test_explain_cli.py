@@ -5,12 +5,12 @@ import json
 import subprocess
 import sys
 
+from tests.cli_in_process import workbench_here
 from tests.explain.test_reading_and_ranking import DP_CRASH
 
 
-def explain(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "workbench", "explain", *map(str, args)], capture_output=True,
-                          text=True, timeout=120, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
+def explain(*args, stdin=""):
+    return workbench_here("explain", *args, stdin=stdin)  # the CLI's entry point in this process
 
 
 def test_a_traceback_file_prints_the_symptom_then_the_causes_ranked(tmp_path):

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from tests.cli_in_process import workbench_here
 from workbench.plan.cpu_allocator import MMAP_THRESHOLD, GlibcHeap, glibc_peak
 
 
@@ -310,9 +311,7 @@ def test_diagnose_with_training_args_runs_notebook_11_and_without_them_does_not(
 
     def diagnose(*extra):
         reports = tmp_path / f"reports{len(extra)}"
-        proc = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(folder), "--notebooks", "11",
-                               "--reports-dir", str(reports), *extra], stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=600)
+        proc = workbench_here("diagnose", folder, "--notebooks", "11", "--reports-dir", reports, *extra)
         report = json.loads(next(reports.rglob("findings.json")).read_text())
         return proc.returncode, {f["id"]: f for f in report["findings"]}, report["notebooks"]
 

@@ -12,6 +12,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.cli_in_process import workbench_here
 from workbench import cli
 from workbench.errors import UsageError
 from workbench.model.memory import ResourceError
@@ -108,7 +109,7 @@ def test_remote_code_is_refused_without_the_flag(demo, copy_of, edit_json):
     edit_json(folder / "config.json", model_type="evil_model",
               auto_map={"AutoModelForCausalLM": "modeling_evil.EvilModel"})
     (folder / "modeling_evil.py").write_text("raise SystemExit('remote code ran')\n")
-    result = run_cli("diagnose", folder)
+    result = workbench_here("diagnose", folder)
     assert result.returncode == 2 and "--trust-remote-code" in result.stderr
     assert "remote code ran" not in result.stdout + result.stderr
 
@@ -121,7 +122,7 @@ def test_strings_from_the_checkpoint_are_escaped_in_every_html(tmp_path):
     tensors = load_file(str(folder / "model.safetensors"))
     tensors["<script>alert(1)</script>"] = torch.zeros(2)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    result = run_cli("diagnose", folder, "--notebooks", "01", "--reports-dir", tmp_path / "reports")
+    result = workbench_here("diagnose", folder, "--notebooks", "01", "--reports-dir", tmp_path / "reports")
     assert result.returncode in (0, 1), result.stderr
     pages = list((tmp_path / "reports").glob("*/*/*.html"))
     assert len(pages) == 2

@@ -1,12 +1,12 @@
 """`diagnose OUTPUT_DIR` end to end: notebook 08 through papermill on a run the real Trainer wrote."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli_in_process import workbench_here
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "probes" / "run"))
 from planted_runs import NAN_STEP, _model, _NaNFrom, _train  # noqa: E402
@@ -17,9 +17,8 @@ def test_diagnose_an_output_dir_without_a_final_save(tmp_path):
     model = _model()
     model.register_forward_hook(_NaNFrom(NAN_STEP))
     run = _train(tmp_path / "out", model=model, max_steps=20, final_save=False)
-    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(run), "--notebooks", "08",
-                             "--reports-dir", str(tmp_path / "reports")], capture_output=True, text=True,
-                            timeout=600, stdin=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = workbench_here("diagnose", run, "--notebooks", "08", "--reports-dir", tmp_path / "reports",
+                            env={"OMP_NUM_THREADS": "1"})
     assert "diagnosing checkpoint-20" in result.stdout and "no final save" in result.stdout, result.stdout
     folder = next(p for p in (tmp_path / "reports").glob("*/*") if p.is_dir())
     report = json.loads((folder / "findings.json").read_text())

@@ -1,12 +1,11 @@
 """Notebook 05's probes on the demo: adapter lineage, placement, recipe lists and the evaluation loop (the trained
 recipes themselves are tested in test_recipe_training.py)."""
 
-import subprocess
-import sys
 
 import pytest
 
 import workbench as wb
+from tests.cli_in_process import workbench_here
 from workbench.probes.evaluation.evaluate import EvaluationResult, RecipeOutcome, evaluate_recipes
 from workbench.probes.evaluation.lineage import adapter_lineage
 from workbench.probes.evaluation.placement import placement_of
@@ -52,9 +51,7 @@ def test_a_missing_recorded_base_is_an_error_naming_the_path(demo, copy_of, edit
     report = adapter_lineage(adapter, demo.qwen_stage1, "--base")
     finding = verdict(report, "adapter.base_model")
     assert finding.verdict == "error" and "gone-stage1" in finding.detail
-    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(adapter), "--notebooks", "05",
-                             "--reports-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=300,
-                            stdin=subprocess.DEVNULL)
+    result = workbench_here("diagnose", adapter, "--notebooks", "05", "--reports-dir", tmp_path / "r")
     assert result.returncode == 2 and "gone-stage1" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -134,8 +131,7 @@ def test_memory_growth_between_recipes_is_flagged():
 def test_cli_recipes_flag_refuses_an_unusable_file(tmp_path):
     bad = tmp_path / "r.yaml"
     bad.write_text("recipes: nope")
-    result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", str(tmp_path), "--recipes", str(bad)],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    result = workbench_here("diagnose", tmp_path, "--recipes", bad, cwd=tmp_path)
     assert result.returncode == 2 and "recipes" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "reports").exists()
 
