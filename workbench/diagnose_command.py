@@ -30,16 +30,21 @@ def check_diagnose_options(args) -> None:
 
 
 def diagnose_as_asked(args, *, jobs: int | None, reports_dir: Path | None = None,
-                      echo: Callable[[str], None] = print):
+                      echo: Callable[[str], None] = print, kept_kernel=None):
     """Resolve the target and run its diagnosis into `reports_dir` (default `args.reports_dir`): (folder, findings).
     `jobs`: notebooks side by side (1: one kernel, started before the target is resolved so that the stack's
-    imports overlap reading the target's files)."""
-    from workbench.report.runner import diagnose, start_kernel
+    imports overlap reading the target's files). `kept_kernel`: a kernel kept across diagnoses (`start_kernel`; a
+    sweep's members in series), reset for this one (`Kernel.begin_diagnosis`) and left running for the next."""
+    from workbench.report.runner import NOTEBOOK_DIR, diagnose, find_notebooks, start_kernel
 
     jobs = 1 if args.distributed else jobs
     # a CKPT that is no folder (a hub id, a typo) is resolved first, so that a typo gets its error without a kernel
     local = not args.checkpoint or Path(args.checkpoint).expanduser().is_dir()
-    kernel = start_kernel(only=args.notebooks) if jobs == 1 and local else None
+    keep = kept_kernel is not None and jobs == 1
+    if keep:
+        kept_kernel.begin_diagnosis([nb.stem for nb in find_notebooks(NOTEBOOK_DIR, only=args.notebooks)],
+                                    args.setup or "plain")
+    kernel = kept_kernel if keep else start_kernel(only=args.notebooks) if jobs == 1 and local else None
     try:
         # with one kernel, the checks that need torch and transformers run there (`Kernel.check_target`)
         target = diagnosis_target(args, headers_only=jobs == 1)
@@ -51,12 +56,12 @@ def diagnose_as_asked(args, *, jobs: int | None, reports_dir: Path | None = None
 
                 check_with_the_stack(target.setup, target.model_dir, target.trust_remote_code)
     except BaseException:
-        if kernel is not None:
+        if kernel is not None and not keep:
             kernel.close()
         raise
     return diagnose(target, reports_dir=Path(reports_dir or args.reports_dir), only=only,
                     cell_timeout=args.cell_timeout, jobs=jobs, kernel=kernel, echo=echo,
-                    extra_parameters={"distributed": args.distributed})
+                    extra_parameters={"distributed": args.distributed}, keep_kernel=keep)
 
 
 def diagnosis_target(args, headers_only: bool = False):

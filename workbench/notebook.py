@@ -91,14 +91,15 @@ class NotebookSession(Displayable):
         return result
 
     def _record_cost(self) -> None:
-        """What this notebook cost so far: the full loads it made, peak memory of the process."""
-        import resource
+        """What this notebook cost so far: the full loads it made, peak memory of the process (since it started,
+        or since a kept kernel began this diagnosis: `workbench.peak_memory`)."""
         import sys
+
+        from workbench.peak_memory import peak_rss_bytes
 
         loading = sys.modules.get("workbench.model.loading")
         loads = loading.LOADS[self._loads_at_open:] if loading else []
-        self.recorder.set_cost({"model_loads": loads,
-                                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+        self.recorder.set_cost({"model_loads": loads, "peak_rss_bytes": peak_rss_bytes()})
 
     def _value(self, ref: str) -> Any:
         from workbench.recorder import Failed

@@ -107,6 +107,23 @@ def test_ray_gives_the_local_engines_verdicts(local_sweep, ray_sweep):
         assert (ray_sweep.folder / member["report"] / "00_saved_files.html").is_file()
 
 
+def test_members_in_series_share_one_kernel_and_report_what_a_kernel_of_their_own_reports(local_sweep, ray_sweep):
+    """The local engine in series keeps one kernel for its members (reset between them); Ray gives each member a
+    kernel of its own: finding for finding the same reports, and each cost block says which kernel it ran in."""
+    def findings(sweep, name):
+        return sorted((f["id"], f["verdict"], f["title"], f["detail"]) for f in sweep.member_report(name)["findings"])
+
+    names = [m["name"] for m in local_sweep.document["members"]]
+    for name in names:
+        assert findings(local_sweep, name) == findings(ray_sweep, name), name
+    kernels = [(local_sweep.member_report(n)["cost"]["kernels_started"], local_sweep.member_report(n)["cost"]
+                ["kernel_kept"]) for n in names]
+    assert kernels == [(1, False), (0, True), (0, True)], kernels
+    assert {ray_sweep.member_report(n)["cost"]["kernels_started"] for n in names} == {1}
+    index = (local_sweep.folder / "members" / names[1] / "index.html").read_text()
+    assert "the kernel of the previous diagnosis, kept and reset" in index
+
+
 def test_a_worker_killed_mid_sweep_is_retried_and_its_member_reported(ray_sweep):
     costs = {m["name"]: ray_sweep.member_report(m["name"])["cost"]["sweep"] for m in ray_sweep.document["members"]}
     retried = [name for name, cost in costs.items() if cost["attempts"] == 2]

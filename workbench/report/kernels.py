@@ -37,7 +37,9 @@ class Kernel:
         self.warm_up = warm_up  # import the stack the workbench's notebooks use as soon as a kernel starts
         self.env = dict(env or {})  # set in each kernel's environment over this process's own
         self.km = None
-        self.started = 0  # kernels started for this diagnosis
+        self.started = 0  # kernels started for this diagnosis (for a kept kernel: since its diagnosis began)
+        self.diagnoses = 0  # diagnoses begun in this kernel (`begin_diagnosis`)
+        self._log_from = 0  # where this diagnosis' part of the console log starts
         self._log: IO[bytes] | None = None
         self._client = None  # the warm-up's client
         self._notebook_client = None  # the client every notebook executes through (`client()`)
@@ -73,16 +75,34 @@ class Kernel:
         client.execute(WARM_UP, silent=True, store_history=False)
         self._client = client
 
-    def check_target(self, target, timeout: float = 900) -> bool:
-        """`check_with_the_stack` for `target`, run in this kernel once its warm-up imports are done: the CLI keeps
-        torch and transformers out of its own process (6-7 s of CPU on 2 cores, paid again by the kernel anyway).
-        A UsageError there is raised here with its message; another exception is a KernelCheckError carrying the
-        kernel's traceback. False when the kernel died or gave no answer in `timeout`: the caller checks in its own
-        process."""
+    def begin_diagnosis(self, notebooks: list[str], setup: str, timeout: float = 300) -> None:
+        """Called before each diagnosis that runs in this kernel. The first one gets the kernel as started; a later
+        one (a sweep's members in series: one kernel, one start-up of the stack) gets it made as a fresh kernel
+        would be (`workbench.report.kernel_reset`): its counts of kernels and console log start here. Where the
+        kept kernel cannot be reset (its peak memory, on a system without Linux's clear_refs) or did not answer,
+        it is shut down and the diagnosis gets a fresh one."""
+        self.diagnoses += 1
+        if self.diagnoses == 1:
+            return
+        reset = False
+        if self.alive():
+            module = "__import__('workbench.report.kernel_reset', fromlist=['_'])"
+            call = f"{module}.begin_next_diagnosis({notebooks!r}, {setup!r})"
+            # the namespace cleared in the cell, the rest as an expression after it: its answer comes back
+            content = self._run_quietly(f"{module}.forget_the_namespace()", timeout, expressions={"fresh": call})
+            answer = ((content or {}).get("user_expressions") or {}).get("fresh") or {}
+            reset = answer.get("status") == "ok" and answer.get("data", {}).get("text/plain") == "True"
+        if not reset:
+            self.discard()
+        self.started = 0
+        self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def _run_quietly(self, code: str, timeout: float, expressions: dict[str, str] | None = None) -> dict | None:
+        """Execute `code` in this kernel without output or history (after the warm-up's imports): the reply's
+        content, None when the kernel died or gave no answer in `timeout`. `expressions`: evaluated after it,
+        their values in the reply's `user_expressions`."""
         import queue
         import time
-
-        from workbench.errors import UsageError
 
         km = self.manager()
         client = self._client
@@ -93,27 +113,38 @@ class Kernel:
             client.load_connection_info(km.get_connection_info())
             client.start_channels(iopub=False, stdin=False, hb=False, control=False)
             self._client = client
-        code = (f"__import__('workbench.model.target', fromlist=['_']).check_with_the_stack({target.setup!r}, "
-                f"__import__('pathlib').Path({str(target.model_dir)!r}), {bool(target.trust_remote_code)!r})")
-        msg_id = client.execute(code, silent=True, store_history=False)
+        msg_id = client.execute(code, silent=True, store_history=False, user_expressions=expressions or {})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 reply = client.get_shell_msg(timeout=1)
             except queue.Empty:
                 if not self.alive():
-                    return False
+                    return None
                 continue
-            if reply.get("parent_header", {}).get("msg_id") != msg_id:
-                continue  # the warm-up's reply
-            content = reply["content"]
-            if content.get("status") == "ok":
-                return True
-            if content.get("ename") == "UsageError":
-                raise UsageError(content.get("evalue", ""))
-            raise KernelCheckError(f"{content.get('ename')}: {content.get('evalue')}",
-                                   _plain("\n".join(content.get("traceback", []))))
-        return False
+            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                return reply["content"]
+        return None
+
+    def check_target(self, target, timeout: float = 900) -> bool:
+        """`check_with_the_stack` for `target`, run in this kernel once its warm-up imports are done: the CLI keeps
+        torch and transformers out of its own process (6-7 s of CPU on 2 cores, paid again by the kernel anyway).
+        A UsageError there is raised here with its message; another exception is a KernelCheckError carrying the
+        kernel's traceback. False when the kernel died or gave no answer in `timeout`: the caller checks in its own
+        process."""
+        from workbench.errors import UsageError
+
+        code = (f"__import__('workbench.model.target', fromlist=['_']).check_with_the_stack({target.setup!r}, "
+                f"__import__('pathlib').Path({str(target.model_dir)!r}), {bool(target.trust_remote_code)!r})")
+        content = self._run_quietly(code, timeout)
+        if content is None:
+            return False
+        if content.get("status") == "ok":
+            return True
+        if content.get("ename") == "UsageError":
+            raise UsageError(content.get("evalue", ""))
+        raise KernelCheckError(f"{content.get('ename')}: {content.get('evalue')}",
+                               _plain("\n".join(content.get("traceback", []))))
 
     def client(self):
         """A connected, ready client of the live kernel, made once per kernel and handed to every notebook.
@@ -157,8 +188,11 @@ class Kernel:
             self._log = None
 
     def save_log(self, destination: Path) -> None:
-        """Copy what every kernel of this diagnosis printed so far to `destination`."""
-        shutil.copyfile(self.log_path, destination)
+        """Copy what every kernel of this diagnosis printed so far to `destination` (a kept kernel: since this
+        diagnosis began)."""
+        with open(self.log_path, "rb") as source, open(destination, "wb") as out:
+            source.seek(self._log_from)
+            shutil.copyfileobj(source, out)
 
     def close(self) -> None:
         """Shut the kernel down and remove the temporary log."""

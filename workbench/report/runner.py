@@ -222,11 +222,12 @@ def start_kernel(only: list[str] | None = None) -> Kernel:
 def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None, extra_parameters=None,
              echo: Callable[[str], None] = print, notebook_dir: Path = NOTEBOOK_DIR,
              cell_timeout: int | None = 1800, jobs: int | None = 1,
-             kernel: Kernel | None = None) -> tuple[Path, list[Finding]]:
+             kernel: Kernel | None = None, keep_kernel: bool = False) -> tuple[Path, list[Finding]]:
     """The notebooks into a dated report folder: planned, executed by papermill, assembled and published by the
     diagnosis (`report.diagnosis.Diagnosis`); (folder, findings). `jobs`: notebooks side by side, each in its own
     kernel (None: by cores and memory). `kernel`: one already started (`start_kernel`), used when the notebooks run
-    one at a time and closed at the end either way."""
+    one at a time and closed at the end, unless `keep_kernel` (a sweep's members in series: the caller closes it,
+    and `Kernel.begin_diagnosis` resets it between diagnoses)."""
     try:
         kernel_python = ensure_kernel()
         notebooks = find_notebooks(Path(notebook_dir), only=only)
@@ -247,16 +248,17 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
                                        warm_up=Path(notebook_dir) == NOTEBOOK_DIR)
         with papermill_log_in(temp):
             if jobs == 1:
-                runs = execution.in_one_kernel(notebooks, kernel)
+                runs = execution.in_one_kernel(notebooks, kernel, keep=keep_kernel)
             else:
                 echo(f"running {jobs} notebooks at a time, each in its own kernel (each holds its own copy of the "
                      "model)")
                 runs = execution.side_by_side(notebooks, jobs)
-        diagnosis.report.cost = diagnosis_cost(temp, runs, kernels=execution.kernels_started)
+        diagnosis.report.cost = diagnosis_cost(temp, runs, kernels=execution.kernels_started,
+                                               kernel_kept=execution.kernel_kept)
         diagnosis.report.environment = kernel_environment(temp, runs)
         return diagnosis.publish(temp, into=final, listing=Path(reports_dir).resolve()), diagnosis.findings
     finally:
-        if kernel is not None:
+        if kernel is not None and not keep_kernel:
             kernel.close()
 
 
@@ -289,16 +291,20 @@ class PapermillExecution:
     echo: Callable[[str], None]
     warm_up: bool
     kernels_started: int = 0
+    kernel_kept: bool = False  # the notebooks began in a kernel an earlier diagnosis ran in (reset since)
     _assembling: Any = dataclasses.field(default_factory=threading.Lock)  # side-by-side notebooks, one at a time
 
-    def in_one_kernel(self, notebooks: list[Path], kernel: Kernel | None = None) -> list[NotebookRun]:
+    def in_one_kernel(self, notebooks: list[Path], kernel: Kernel | None = None, keep: bool = False
+                      ) -> list[NotebookRun]:
         """The notebooks in order in one kernel (`kernel`, else a new one), the prepared model shared; a notebook that
         kills or hangs its kernel leaves the next ones a fresh one. Each notebook's HTML is exported in a thread of
-        this process while the kernel runs the next notebook."""
+        this process while the kernel runs the next notebook. `keep`: the kernel is left running at the end (for
+        the next diagnosis of a sweep in series)."""
         from concurrent.futures import ThreadPoolExecutor
 
         own = kernel is None
         kernel = kernel or Kernel(warm_up=self.warm_up, env=self.variables)
+        self.kernel_kept = kernel.diagnoses > 1 and kernel.started == 0 and kernel.alive()
         kernel.manager()  # started (and importing the stack) before this process imports papermill
         exports = ThreadPoolExecutor(max_workers=1)
         runs = []
@@ -311,7 +317,8 @@ class PapermillExecution:
                     kernel.discard()  # a hung or dead kernel: the next notebook starts a fresh one
                 runs.append(run)
         finally:
-            kernel.discard()
+            if not keep:
+                kernel.discard()  # its console flushed into the log before it is copied
             kernel.save_log(self.folder / "kernel.log")
             self.kernels_started = kernel.started
             if own:
@@ -349,15 +356,16 @@ class PapermillExecution:
         return run
 
 
-def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int) -> dict[str, Any]:
-    """The optional `cost` block of findings.json: full model loads, seconds per notebook, peak memory."""
+def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int, kernel_kept: bool = False) -> dict[str, Any]:
+    """The optional `cost` block of findings.json: full model loads, kernels started (0 with `kernel_kept`: the
+    kernel of an earlier diagnosis, reset), seconds per notebook, peak memory."""
     loads: list[dict[str, Any]] = []
     peak = 0
     for run in runs:
         cost = read_sidecar(folder, run.name).get("cost") or {}
         loads += [{"notebook": run.name, **load} for load in cost.get("model_loads", [])]
         peak = max(peak, int(cost.get("peak_rss_bytes") or 0))
-    return {"model_loads": len(loads), "loads": loads, "kernels_started": kernels,
+    return {"model_loads": len(loads), "loads": loads, "kernels_started": kernels, "kernel_kept": kernel_kept,
             "seconds": round(sum(r.seconds for r in runs), 2),
             "notebook_seconds": {r.name: r.seconds for r in runs}, "peak_rss_bytes": peak or None}
 

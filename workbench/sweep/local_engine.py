@@ -1,5 +1,10 @@
 """The local engine: the members on this machine, one after another, or `jobs` at a time in worker processes
-(spawned: a fresh interpreter each, so no state of one diagnosis reaches another's)."""
+(spawned: a fresh interpreter each, so no state of one diagnosis reaches another's).
+
+One after another, the members share one kernel: the stack's imports (torch, transformers, peft: about 5 s of CPU
+on 2 cores) are paid once, not per member, and between two members the kernel is made as a fresh one would be
+(`workbench.report.kernel_reset`: the shared model, the record of loads, the user's set-up module, the random
+generators, the peak memory). A member whose notebook kills the kernel leaves the next member a fresh one."""
 
 from __future__ import annotations
 
@@ -15,10 +20,16 @@ def run_local(members: list[Member], args: argparse.Namespace, members_dir: Path
               finished: Callable[[MemberOutcome], None]) -> list[MemberOutcome]:
     """Each member's outcome, in member order; `finished(outcome)` as each one ends."""
     if jobs <= 1:
+        from workbench.report.runner import start_kernel
+
         outcomes = []
-        for member in members:
-            outcomes.append(diagnose_member(member, args, members_dir / member.name))
-            finished(outcomes[-1])
+        kernel = start_kernel(only=args.notebooks)
+        try:
+            for member in members:
+                outcomes.append(diagnose_member(member, args, members_dir / member.name, kept_kernel=kernel))
+                finished(outcomes[-1])
+        finally:
+            kernel.close()
         return outcomes
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed

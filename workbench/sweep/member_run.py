@@ -42,8 +42,9 @@ def member_options(args: argparse.Namespace, member: Member) -> argparse.Namespa
 
 
 def diagnose_member(member: Member, args: argparse.Namespace, into: Path,
-                    echo: Callable[[str], None] | None = None) -> MemberOutcome:
-    """Diagnose `member` as `diagnose` would, its report ending at `into` (a folder not yet there)."""
+                    echo: Callable[[str], None] | None = None, kept_kernel=None) -> MemberOutcome:
+    """Diagnose `member` as `diagnose` would, its report ending at `into` (a folder not yet there). `kept_kernel`:
+    the kernel of the sweep's members in series (`diagnose_as_asked`)."""
     from workbench.report.runner import exit_code
 
     start = time.monotonic()
@@ -51,7 +52,7 @@ def diagnose_member(member: Member, args: argparse.Namespace, into: Path,
     scratch = into.parent / f".{into.name}.reports"  # diagnose's dated folders, emptied once the report is moved
     echo = echo or (lambda line: print(f"[{member.name}] {line}", flush=True))
     try:
-        folder, findings = _diagnose(member_options(args, member), scratch, echo)
+        folder, findings = _diagnose(member_options(args, member), scratch, echo, kept_kernel)
     except UsageError as exc:
         return MemberOutcome(member.name, str(member.path), None, USAGE_EXIT, {}, _since(start), str(exc), host)
     except Exception as exc:  # noqa: BLE001 - a crash on one member leaves the others' reports
@@ -65,10 +66,10 @@ def diagnose_member(member: Member, args: argparse.Namespace, into: Path,
                          host=host)
 
 
-def _diagnose(args, reports_dir: Path, echo):
+def _diagnose(args, reports_dir: Path, echo, kept_kernel=None):
     from workbench.diagnose_command import diagnose_as_asked
 
-    return diagnose_as_asked(args, jobs=1, reports_dir=reports_dir, echo=echo)
+    return diagnose_as_asked(args, jobs=1, reports_dir=reports_dir, echo=echo, kept_kernel=kept_kernel)
 
 
 def report_verdicts(findings) -> dict[str, str]:
