@@ -3,7 +3,8 @@ each planted fault appears is named in sweep.json's first_bad, and a healthy his
 
 To keep the cost down, each member is diagnosed with the notebooks that answer the planted faults only (`--notebooks
 00`, as `diagnose --notebooks` does; 08 too where the run autopsy matters): every member still goes through
-`diagnose`'s path, in a kernel of its own."""
+`diagnose`'s path, in the kernel the sweep keeps for its members in series (or each worker keeps, with --jobs),
+reset between them."""
 
 import pytest
 from conftest import run_sweep
@@ -30,6 +31,10 @@ def test_each_fault_is_first_bad_at_the_checkpoint_it_was_planted_from(lora_runs
     assert "checkpoint-4 against checkpoint-3" in page and "modules_to_save" in page
     assert 'href="members/checkpoint-3/00_saved_files.html"' in page
     assert (sweep.folder / "members" / "checkpoint-3" / "00_saved_files.html").is_file()
+    # each worker process keeps one kernel for the members it runs, reset between them
+    costs = [sweep.member_report(m["name"])["cost"] for m in sweep.document["members"]]
+    assert sum(c["kernels_started"] for c in costs) == len({c["sweep"]["host"] for c in costs}) <= 2, costs
+    assert sum(c["kernel_kept"] for c in costs) == len(costs) - len({c["sweep"]["host"] for c in costs}), costs
 
 
 def test_a_tokenizer_saved_with_another_pad_is_first_bad_where_it_was_saved(lora_runs, tmp_path):

@@ -1,10 +1,11 @@
 """The local engine: the members on this machine, one after another, or `jobs` at a time in worker processes
 (spawned: a fresh interpreter each, so no state of one diagnosis reaches another's).
 
-One after another, the members share one kernel: the stack's imports (torch, transformers, peft: about 5 s of CPU
-on 2 cores) are paid once, not per member, and between two members the kernel is made as a fresh one would be
-(`workbench.report.kernel_reset`: the shared model, the record of loads, the user's set-up module, the random
-generators, the peak memory). A member whose notebook kills the kernel leaves the next member a fresh one."""
+One after another, the members share one kernel, and with `jobs` each worker process keeps one for the members it
+runs: the stack's imports (torch, transformers, peft: about 5 s of CPU on 2 cores) are paid once per kernel, not per
+member, and between two members the kernel is made as a fresh one would be (`workbench.report.kernel_reset`: the
+notebooks' namespace, the shared model, the record of loads, the user's set-up module, the random generators, the
+peak memory). A member whose notebook kills the kernel leaves the next member a fresh one."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ def run_local(members: list[Member], args: argparse.Namespace, members_dir: Path
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     by_name: dict[str, MemberOutcome] = {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(diagnose_member, member, args, members_dir / member.name): member
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_start_worker_kernel, initargs=(args.notebooks,)) as pool:
+        futures = {pool.submit(_diagnose_in_worker, member, args, members_dir / member.name): member
                    for member in members}
         for future in as_completed(futures):
             member = futures[future]
@@ -48,3 +50,23 @@ def run_local(members: list[Member], args: argparse.Namespace, members_dir: Path
             by_name[outcome.name] = outcome
             finished(outcome)
     return [by_name[member.name] for member in members]
+
+
+_WORKER_KERNEL = None  # in a worker process: the kernel its members share
+
+
+def _start_worker_kernel(notebooks: list[str] | None) -> None:
+    """A worker process' kernel, started as the worker starts and shut down as it exits (multiprocessing runs its
+    finalizers on a worker's normal exit; a worker killed outright takes its kernel with it: ipykernel exits when
+    its parent process is gone)."""
+    global _WORKER_KERNEL
+    from multiprocessing import util
+
+    from workbench.report.runner import start_kernel
+
+    _WORKER_KERNEL = start_kernel(only=notebooks)
+    util.Finalize(_WORKER_KERNEL, _WORKER_KERNEL.close, exitpriority=10)
+
+
+def _diagnose_in_worker(member: Member, args: argparse.Namespace, into: Path) -> MemberOutcome:
+    return diagnose_member(member, args, into, kept_kernel=_WORKER_KERNEL)
