@@ -175,18 +175,9 @@ def test_memalign_pads_each_request_so_a_same_size_hole_is_passed_over():
 
 
 def plan_here(*args):
-    """`workbench plan ARGS` run by the CLI's own entry point in this process (a fresh process would import torch
-    again: 10 s of CPU here for a refusal's one line): its exit code, stdout and stderr."""
-    import contextlib
-    import io
-
-    from workbench.cli import main
-
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
-        code = main(["plan", *map(str, args)])
-    return subprocess.CompletedProcess(["workbench", "plan", *map(str, args)], code, stdout.getvalue(),
-                                       stderr.getvalue())
+    """`workbench plan ARGS` run by the CLI's own entry point in this process (tests/cli_in_process.py): a fresh
+    process would import torch again, 10 s of CPU here for a refusal's one line."""
+    return workbench_here("plan", *args)
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
