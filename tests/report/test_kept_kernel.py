@@ -16,6 +16,10 @@ STATE = {
     "loads": "len(__import__('workbench.model.loading', fromlist=['_']).LOADS)",
     "notebooks": "__import__('os').environ.get('WORKBENCH_NOTEBOOKS')",
     "peak": "__import__('workbench.peak_memory', fromlist=['_']).peak_rss_bytes()",
+    "planted_variable": "__import__('os').environ.get('PLANTED_BY_A_NOTEBOOK')",
+    "home": "__import__('os').environ.get('HOME')",
+    "last_error": "getattr(__import__('sys'), 'last_value', None) is not None",
+    "execution_count": "get_ipython().execution_count",
 }
 
 
@@ -27,9 +31,19 @@ def state_of(kernel: Kernel) -> dict:
     return {k: eval(v["data"]["text/plain"]) for k, v in values.items()}  # noqa: S307 - reprs of ints, bools, str
 
 
-PLANT = ("import user_recipe, yaml\nplanted = bytearray(300 * 2**20)\nplanted[::4096] = b'x' * len(planted[::4096])\n"
+def run_cell(kernel: Kernel, code: str) -> dict:
+    """A cell as a notebook runs it (numbered, in the history): the reply's content."""
+    client = kernel._client_of(kernel.manager())
+    msg_id = client.execute(code, silent=False, store_history=True)
+    while True:
+        reply = client.get_shell_msg(timeout=60)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"]
+
+
+PLANT = ("import os, user_recipe, yaml\nplanted = bytearray(300 * 2**20)\nplanted[::4096] = b'x' * len(planted[::4096])\n"
          "from workbench.model.loading import LOADS\nLOADS.append({'folder': 'previous member'})\ndel planted[:]\n"
-         "planted = 1")
+         "planted = 1\nos.environ['PLANTED_BY_A_NOTEBOOK'] = '1'\nos.environ['HOME'] = '/changed'")
 
 
 def test_between_diagnoses_the_kept_kernel_forgets_the_previous_one(tmp_path):
@@ -38,11 +52,15 @@ def test_between_diagnoses_the_kept_kernel_forgets_the_previous_one(tmp_path):
         kernel.manager()  # started, as `start_kernel` starts a sweep's kernel
         kernel.begin_diagnosis(["00_saved_files"], "plain")  # the first diagnosis: the kernel as started
         assert kernel.started == 1
+        home = state_of(kernel)["home"]
         reply = kernel._run_quietly(PLANT, 120)
         assert reply and reply["status"] == "ok", reply
+        assert run_cell(kernel, "1 / 0")["status"] == "error"  # a cell that raised: its traceback kept by sys
+        assert run_cell(kernel, "2 + 2")["status"] == "ok"
         before = state_of(kernel)
         assert before["variable"] and before["user_module"] and before["loads"] == 1
-        assert before["peak"] > 300 * 2**20
+        assert before["peak"] > 300 * 2**20 and before["planted_variable"] == "1" and before["last_error"]
+        assert before["execution_count"] > 1
 
         kernel.begin_diagnosis(["08_training_run"], "user_recipe:load")
         after = state_of(kernel)
@@ -50,6 +68,8 @@ def test_between_diagnoses_the_kept_kernel_forgets_the_previous_one(tmp_path):
         assert not after["variable"] and after["loads"] == 0 and after["notebooks"] == "08_training_run"
         assert not after["user_module"] and after["installed_module"]  # the user's code imported again, not yaml
         assert after["peak"] < before["peak"] - 250 * 2**20  # this diagnosis' peak, not the previous one's
+        assert after["planted_variable"] is None and after["home"] == home  # the environment as the kernel began
+        assert not after["last_error"] and after["execution_count"] == 1  # cells numbered as in a fresh kernel
 
 
 def test_a_kernel_whose_peak_cannot_be_reset_is_replaced_by_a_fresh_one(tmp_path):
@@ -70,3 +90,71 @@ def test_the_peak_is_read_and_reset_in_this_process():
     del held
     assert reset_peak_rss()
     assert peak_rss_bytes() < peak - 150 * 2**20
+
+
+def test_a_user_module_beside_the_workbench_is_still_the_users(tmp_path, monkeypatch):
+    """Only the workbench's own files and installed packages are kept imported: a `workbench_recipes.py` in the
+    checkout's folder (whose path starts with the package's) is the user's."""
+    import sys
+    import types
+    from pathlib import Path
+
+    from workbench.report import kernel_reset
+
+    beside = Path(kernel_reset.__file__).resolve().parents[2] / "workbench_recipes.py"
+    for name, path in (("workbench_recipes", beside), ("json_like", Path(sys.prefix) / "lib" / "json_like.py"),
+                       ("workbench_inside", Path(kernel_reset.__file__))):
+        module = types.ModuleType(name)
+        module.__file__ = str(path)
+        monkeypatch.setitem(sys.modules, name, module)
+    for setup in ("workbench_recipes:load", "json_like:load", "workbench_inside:load"):
+        kernel_reset._forget_user_module(setup)
+    assert "workbench_recipes" not in sys.modules
+    assert "json_like" in sys.modules and "workbench_inside" in sys.modules
+
+
+def test_a_kept_kernel_killed_mid_diagnosis_leaves_the_next_notebook_a_fresh_one(demo, tmp_path, contract_notebook):
+    """The second diagnosis in a kept kernel: its first notebook kills the kernel, so its second runs in a fresh one
+    and says so, as `diagnose` would; the cost block counts that kernel beside the kept one."""
+    import json
+
+    import nbformat
+
+    from workbench.model.target import resolve_target
+    from workbench.report.runner import diagnose, start_kernel
+
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    nbformat.write(contract_notebook("import os\nos._exit(3)", ["dead.check"]), notebooks / "01_dies.ipynb")
+    nbformat.write(contract_notebook("x = 1", []), notebooks / "02_after.ipynb")
+    healthy = tmp_path / "healthy"
+    healthy.mkdir()
+    nbformat.write(contract_notebook("x = 1", []), healthy / "01_fine.ipynb")
+    target = resolve_target(str(demo.llama))
+    kernel = start_kernel()
+    try:
+        reports = []
+        for i, folder in enumerate((healthy, notebooks)):
+            kernel.begin_diagnosis([p.stem for p in sorted(folder.glob("*.ipynb"))], "plain")
+            out, _ = diagnose(target, reports_dir=tmp_path / f"reports{i}", notebook_dir=folder,
+                              echo=lambda line: None, kernel=kernel, keep_kernel=True)
+            reports.append(json.loads((out / "findings.json").read_text()))
+    finally:
+        kernel.close()
+    first, second = reports
+    assert first["cost"]["kernels_started"] == 1 and not first["cost"]["kernel_kept"]
+    assert [(n["status"], n["kernel"]) for n in second["notebooks"]] == [("error", "shared"), ("ok", "fresh")]
+    assert second["cost"]["kernels_started"] == 1 and second["cost"]["kernel_kept"]
+
+
+def test_a_worker_whose_kernel_cannot_start_still_diagnoses_its_members(monkeypatch):
+    from workbench.report import runner
+    from workbench.sweep import local_engine
+
+    def refuse(only=None):
+        raise OSError("no kernel here")
+
+    monkeypatch.setattr(runner, "start_kernel", refuse)
+    monkeypatch.setattr(local_engine, "_WORKER_KERNEL", None)
+    local_engine._start_worker_kernel(["00_saved_files"])  # the pool's initializer: no exception, no kernel
+    assert local_engine._WORKER_KERNEL is None

@@ -52,8 +52,9 @@ def _cost(report: dict[str, Any]) -> Display:
     return Display(Heading("Cost", level=2), retried, Paragraph(
         f"{cost['model_loads']} model loads"
         + (f" ({', '.join(f'{n} in {nb}' for nb, n in sorted(where.items()))})" if where else "")
-        + (" · the kernel of the previous diagnosis, kept and reset" if cost.get("kernel_kept") and
-           not cost["kernels_started"] else f" · {cost['kernels_started']} kernel(s)")
+        + (" · the kernel of the previous diagnosis, kept and reset"
+           + (f", and {cost['kernels_started']} kernel(s) started" if cost["kernels_started"] else "")
+           if cost.get("kernel_kept") else f" · {cost['kernels_started']} kernel(s)")
         + f" · {cost['seconds']:.1f} s of notebooks"
         + (f" · peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "")), why)
 

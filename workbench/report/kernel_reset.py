@@ -1,21 +1,26 @@
 """Run in a kernel kept across diagnoses (a sweep's members in series): what a fresh kernel would not carry over
 from the previous diagnosis, undone before the next one begins.
 
+    import workbench.report.kernel_reset                                         # as the first diagnosis begins
     forget_the_namespace()                                                       # a cell of its own, then
     begin_next_diagnosis(["00_saved_files", "08_training_run"], "recipe:load")   # -> False: start a fresh kernel
 
-- the notebooks' variables, IPython's output cache and history references (`InteractiveShell.reset`, as
-  `%reset -f` does: a notebook's `prepared` would otherwise keep the previous member's model resident while the next
-  one loads);
+- the notebooks' variables, IPython's output cache, history references and execution count (`InteractiveShell.reset`
+  with a new session, as a fresh kernel numbers its cells), and the last error's traceback (`sys.last_*`,
+  IPython's `InteractiveTB.tb`): their frames would otherwise keep the previous member's model resident while the
+  next one loads;
 - the shared prepared model, the results computed ahead of it and the record of own-copy steps
   (`workbench.model.shared.reset`), and the record of full model loads (`workbench.model.loading.LOADS`), which each
   notebook's cost block counts;
-- the notebooks the diagnosis runs (`WORKBENCH_NOTEBOOKS`, which `prepare_shared` reads);
+- the environment: every variable as it was when this module was first imported (before the first diagnosis'
+  notebooks ran: an accelerate plugin sets `FSDP_*` variables a later notebook's torchrun ranks would inherit),
+  and the notebooks the next diagnosis runs (`WORKBENCH_NOTEBOOKS`, which `prepare_shared` reads);
 - a user's set-up module (`--setup module:function`), imported again by the next diagnosis as a fresh kernel would
   (a module that keeps the model it loaded in a global would otherwise hand the previous member's model on);
 - the random generators, seeded afresh from the system as a new process seeds them;
-- the process' peak memory (`workbench.peak_memory`): where it cannot be reset, the answer is False and the caller
-  starts a fresh kernel, so that no report states another diagnosis' peak as its own.
+- the memory glibc keeps after the previous model was freed (`malloc_trim`), so that memory checks read what a fresh
+  kernel would, and the process' peak memory (`workbench.peak_memory`): where that cannot be reset, the answer is
+  False and the caller starts a fresh kernel, so that no report states another diagnosis' peak as its own.
 
 What the stack's imports made (modules, `gc.freeze`'d objects, caches of library tables) is the same for every
 diagnosis and stays: that is the start-up the kept kernel saves.
@@ -26,16 +31,24 @@ from __future__ import annotations
 import os
 import random
 import sys
+from pathlib import Path
+
+STARTING_ENVIRONMENT = dict(os.environ)  # the kernel's own, taken before the first diagnosis' notebooks run
 
 
 def forget_the_namespace() -> None:
-    """Clear the kernel's user namespace and output cache (IPython's `reset`, keeping the history session); the
-    modules stay imported."""
+    """Clear the kernel's user namespace, output cache and execution count (IPython's `reset` with a new history
+    session) and the last error's traceback; the modules stay imported."""
     from IPython import get_ipython
 
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)
     shell = get_ipython()
     if shell is not None:
-        shell.reset(new_session=False)
+        if getattr(shell, "InteractiveTB", None) is not None:
+            shell.InteractiveTB.tb = None
+        shell.reset(new_session=True)
 
 
 def begin_next_diagnosis(notebooks: list[str], setup: str) -> bool:
@@ -47,26 +60,48 @@ def begin_next_diagnosis(notebooks: list[str], setup: str) -> bool:
 
     shared.reset()
     LOADS.clear()
-    os.environ[shared.NOTEBOOKS_ENV] = ",".join(notebooks)
+    _restore_environment({**STARTING_ENVIRONMENT, shared.NOTEBOOKS_ENV: ",".join(notebooks)})
     _forget_user_module(setup)
     random.seed()
     if "torch" in sys.modules:
         sys.modules["torch"].seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+    _give_back_freed_memory()
     return reset_peak_rss()
+
+
+def _restore_environment(environment: dict[str, str]) -> None:
+    for name in [n for n in os.environ if n not in environment]:
+        del os.environ[name]
+    for name, value in environment.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _forget_user_module(setup: str) -> None:
     """Drop a `module:function` set-up's module (and its submodules) from sys.modules when it is the user's own code:
     not the workbench's, not an installed package's (their classes must stay the ones already imported)."""
-    from pathlib import Path
-
     name = setup.partition(":")[0] if ":" in setup else ""
     module = sys.modules.get(name)
-    path = str(getattr(module, "__file__", None) or "")
-    installed = (sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[1]))
-    if not path or path.startswith(installed):
+    path = getattr(module, "__file__", None)
+    if not path:
+        return
+    where = Path(path).resolve()
+    installed = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(__file__).resolve().parents[1]}
+    if any(where.is_relative_to(folder) for folder in installed):
         return
     for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
         del sys.modules[loaded]
+
+
+def _give_back_freed_memory() -> None:
+    """glibc's `malloc_trim(0)`: the heap's free pages returned to the system (no-op elsewhere)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -39,7 +39,7 @@ class Kernel:
         self.km = None
         self.started = 0  # kernels started for this diagnosis (for a kept kernel: since its diagnosis began)
         self.diagnoses = 0  # diagnoses begun in this kernel (`begin_diagnosis`)
-        self._log_from = 0  # where this diagnosis' part of the console log starts
+        self._log_from = 0  # where the console log not yet saved into a report starts
         self._log: IO[bytes] | None = None
         self._client = None  # the warm-up's client
         self._notebook_client = None  # the client every notebook executes through (`client()`)
@@ -62,6 +62,9 @@ class Kernel:
         self.started += 1
         if self.warm_up:
             self._warm_up(km)
+        # queued, not awaited: the module takes the kernel's environment before any notebook runs, to restore it
+        # for a later diagnosis in this kernel (`begin_diagnosis`)
+        self._client_of(km).execute("import workbench.report.kernel_reset", silent=True, store_history=False)
         return km
 
     def _warm_up(self, km) -> None:
@@ -84,7 +87,7 @@ class Kernel:
         self.diagnoses += 1
         if self.diagnoses == 1:
             return
-        reset = False
+        reset, before = False, self.started
         if self.alive():
             module = "__import__('workbench.report.kernel_reset', fromlist=['_'])"
             call = f"{module}.begin_next_diagnosis({notebooks!r}, {setup!r})"
@@ -94,8 +97,8 @@ class Kernel:
             reset = answer.get("status") == "ok" and answer.get("data", {}).get("text/plain") == "True"
         if not reset:
             self.discard()
-        self.started = 0
-        self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
+        # a kernel that died as the reset began was replaced by a fresh one: started for this diagnosis
+        self.started = 1 if reset and self.started > before else 0
 
     def _run_quietly(self, code: str, timeout: float, expressions: dict[str, str] | None = None) -> dict | None:
         """Execute `code` in this kernel without output or history (after the warm-up's imports): the reply's
@@ -104,15 +107,7 @@ class Kernel:
         import queue
         import time
 
-        km = self.manager()
-        client = self._client
-        if client is None:
-            from jupyter_client.blocking import BlockingKernelClient
-
-            client = BlockingKernelClient()
-            client.load_connection_info(km.get_connection_info())
-            client.start_channels(iopub=False, stdin=False, hb=False, control=False)
-            self._client = client
+        client = self._client_of(self.manager())
         msg_id = client.execute(code, silent=True, store_history=False, user_expressions=expressions or {})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -125,6 +120,17 @@ class Kernel:
             if reply.get("parent_header", {}).get("msg_id") == msg_id:
                 return reply["content"]
         return None
+
+    def _client_of(self, km):
+        """The client of quiet requests (the warm-up's, else a new one on the shell channel)."""
+        if self._client is None:
+            from jupyter_client.blocking import BlockingKernelClient
+
+            client = BlockingKernelClient()
+            client.load_connection_info(km.get_connection_info())
+            client.start_channels(iopub=False, stdin=False, hb=False, control=False)
+            self._client = client
+        return self._client
 
     def check_target(self, target, timeout: float = 900) -> bool:
         """`check_with_the_stack` for `target`, run in this kernel once its warm-up imports are done: the CLI keeps
@@ -193,6 +199,7 @@ class Kernel:
         with open(self.log_path, "rb") as source, open(destination, "wb") as out:
             source.seek(self._log_from)
             shutil.copyfileobj(source, out)
+            self._log_from = source.tell()  # a kept kernel's next diagnosis: what it prints from here on
 
     def close(self) -> None:
         """Shut the kernel down and remove the temporary log."""

@@ -310,7 +310,7 @@ class PapermillExecution:
         runs = []
         try:
             for i, notebook in enumerate(notebooks, 1):
-                fresh = kernel.started > 0 and not kernel.alive()
+                fresh = i > 1 and not kernel.alive()  # the previous notebook killed or hung it
                 run = self._run(i, len(notebooks), notebook, kernel, "fresh" if fresh else "shared", export=False)
                 exports.submit(export_run, run, self.folder)
                 if run.error and ("Timeout" in run.error or "DeadKernel" in run.error or not kernel.alive()):

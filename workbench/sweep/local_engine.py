@@ -64,7 +64,10 @@ def _start_worker_kernel(notebooks: list[str] | None) -> None:
 
     from workbench.report.runner import start_kernel
 
-    _WORKER_KERNEL = start_kernel(only=notebooks)
+    try:
+        _WORKER_KERNEL = start_kernel(only=notebooks)
+    except Exception:  # noqa: BLE001 - a pool whose initializer raises is broken for every member: each member
+        return         # starts its own kernel instead, and says so itself if that fails too
     util.Finalize(_WORKER_KERNEL, _WORKER_KERNEL.close, exitpriority=10)
 
 
