@@ -34,7 +34,7 @@ def state_of(kernel: Kernel) -> dict:
 def run_cell(kernel: Kernel, code: str) -> dict:
     """A cell as a notebook runs it (numbered, in the history): the reply's content."""
     client = kernel._client_of(kernel.manager())
-    msg_id = client.execute(code, silent=False, store_history=True)
+    msg_id = client.execute(code, silent=False, store_history=True, stop_on_error=False)
     while True:
         reply = client.get_shell_msg(timeout=60)
         if reply["parent_header"].get("msg_id") == msg_id:
@@ -158,3 +158,27 @@ def test_a_worker_whose_kernel_cannot_start_still_diagnoses_its_members(monkeypa
     monkeypatch.setattr(local_engine, "_WORKER_KERNEL", None)
     local_engine._start_worker_kernel(["00_saved_files"])  # the pool's initializer: no exception, no kernel
     assert local_engine._WORKER_KERNEL is None
+
+
+def test_a_quiet_request_queued_behind_a_failing_cell_is_sent_again():
+    """ipykernel aborts the requests queued behind a cell that fails (stop_on_error): the reset or the target's
+    check, sent as a member's notebook fails, would come back "aborted" without running; it is sent again."""
+    from jupyter_client.blocking import BlockingKernelClient
+
+    with Kernel(warm_up=False) as kernel:
+        notebook = BlockingKernelClient()
+        notebook.load_connection_info(kernel.manager().get_connection_info())
+        notebook.start_channels(iopub=False, stdin=False, hb=False, control=False)
+        try:
+            assert kernel._run_quietly("", 60) is not None  # the kernel up and idle: what follows is queued
+            failing = notebook.execute("import time\ntime.sleep(2)\n1 / 0", stop_on_error=True)
+            queued = notebook.execute("6 * 7")  # queued behind it, as a request of ours would be
+            reply = kernel._run_quietly("", 60, expressions={"answer": "6 * 7"})
+            replies = {}
+            while len(replies) < 2:
+                message = notebook.get_shell_msg(timeout=60)
+                replies[message["parent_header"]["msg_id"]] = message["content"]["status"]
+        finally:
+            notebook.stop_channels()
+    assert replies == {failing: "error", queued: "aborted"}  # what ipykernel does to a request queued behind it
+    assert reply["status"] == "ok" and reply["user_expressions"]["answer"]["data"]["text/plain"] == "42"

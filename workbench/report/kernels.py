@@ -108,17 +108,25 @@ class Kernel:
         import time
 
         client = self._client_of(self.manager())
-        msg_id = client.execute(code, silent=True, store_history=False, user_expressions=expressions or {})
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                reply = client.get_shell_msg(timeout=1)
-            except queue.Empty:
-                if not self.alive():
-                    return None
-                continue
-            if reply.get("parent_header", {}).get("msg_id") == msg_id:
-                return reply["content"]
+        for _attempt in range(3):
+            # stop_on_error=False: a failing request of ours aborts nothing queued behind it
+            msg_id = client.execute(code, silent=True, store_history=False, user_expressions=expressions or {},
+                                    stop_on_error=False)
+            content = None
+            while content is None and time.monotonic() < deadline:
+                try:
+                    reply = client.get_shell_msg(timeout=1)
+                except queue.Empty:
+                    if not self.alive():
+                        return None
+                    continue
+                if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                    content = reply["content"]
+            # "aborted": it arrived while ipykernel was aborting the requests queued behind a notebook cell that
+            # failed (kernelbase.py `_abort_queues`), not run at all: sent again
+            if content is None or content.get("status") != "aborted":
+                return content
         return None
 
     def _client_of(self, km):
