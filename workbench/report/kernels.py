@@ -81,7 +81,8 @@ class Kernel:
     def begin_diagnosis(self, notebooks: list[str], setup: str, timeout: float = 300) -> None:
         """Called before each diagnosis that runs in this kernel. The first one gets the kernel as started; a later
         one (a sweep's members in series: one kernel, one start-up of the stack) gets it made as a fresh kernel
-        would be (`workbench.report.kernel_reset`): its counts of kernels and console log start here. Where the
+        would be (`workbench.report.kernel_reset`): its count of kernels starts here, its console log where the
+        previous report's ended (`save_log`). Where the
         kept kernel cannot be reset (its peak memory, on a system without Linux's clear_refs) or did not answer,
         it is shut down and the diagnosis gets a fresh one."""
         self.diagnoses += 1
