@@ -6,7 +6,7 @@ import pytest
 from workbench.peak_memory import peak_rss_bytes, reset_peak_rss
 from workbench.report.kernels import Kernel
 
-pytestmark = pytest.mark.slow  # a real kernel
+SLOW = pytest.mark.slow  # a real kernel: not in the fast tier
 
 STATE = {
     "pid": "__import__('os').getpid()",
@@ -46,6 +46,7 @@ PLANT = ("import os, user_recipe, yaml\nplanted = bytearray(300 * 2**20)\nplante
          "planted = 1\nos.environ['PLANTED_BY_A_NOTEBOOK'] = '1'\nos.environ['HOME'] = '/changed'")
 
 
+@SLOW
 def test_between_diagnoses_the_kept_kernel_forgets_the_previous_one(tmp_path):
     (tmp_path / "user_recipe.py").write_text("MODELS = []  # a user's module that keeps what it loaded\n")
     with Kernel(warm_up=False, env={"PYTHONPATH": str(tmp_path)}) as kernel:
@@ -72,6 +73,7 @@ def test_between_diagnoses_the_kept_kernel_forgets_the_previous_one(tmp_path):
         assert not after["last_error"] and after["execution_count"] == 1  # cells numbered as in a fresh kernel
 
 
+@SLOW
 def test_a_kernel_whose_peak_cannot_be_reset_is_replaced_by_a_fresh_one(tmp_path):
     with Kernel(warm_up=False) as kernel:
         kernel.begin_diagnosis(["00_saved_files"], "plain")
@@ -113,6 +115,7 @@ def test_a_user_module_beside_the_workbench_is_still_the_users(tmp_path, monkeyp
     assert "json_like" in sys.modules and "workbench_inside" in sys.modules
 
 
+@SLOW
 def test_a_kept_kernel_killed_mid_diagnosis_leaves_the_next_notebook_a_fresh_one(demo, tmp_path, contract_notebook):
     """The second diagnosis in a kept kernel: its first notebook kills the kernel, so its second runs in a fresh one
     and says so, as `diagnose` would; the cost block counts that kernel beside the kept one."""
@@ -147,19 +150,25 @@ def test_a_kept_kernel_killed_mid_diagnosis_leaves_the_next_notebook_a_fresh_one
     assert second["cost"]["kernels_started"] == 1 and second["cost"]["kernel_kept"]
 
 
-def test_a_worker_whose_kernel_cannot_start_still_diagnoses_its_members(monkeypatch):
+def test_a_worker_whose_kernel_cannot_start_leaves_its_members_kernels_of_their_own(monkeypatch):
+    """A pool initializer that raises breaks the pool for every member: a worker whose kernel cannot start keeps
+    none, and its members are diagnosed as `diagnose` does, each in a kernel it starts."""
     from workbench.report import runner
     from workbench.sweep import local_engine
 
     def refuse(only=None):
         raise OSError("no kernel here")
 
+    given = []
     monkeypatch.setattr(runner, "start_kernel", refuse)
     monkeypatch.setattr(local_engine, "_WORKER_KERNEL", None)
+    monkeypatch.setattr(local_engine, "diagnose_member", lambda *args, kept_kernel: given.append(kept_kernel))
     local_engine._start_worker_kernel(["00_saved_files"])  # the pool's initializer: no exception, no kernel
-    assert local_engine._WORKER_KERNEL is None
+    local_engine._diagnose_in_worker(None, None, None)
+    assert local_engine._WORKER_KERNEL is None and given == [None]
 
 
+@SLOW
 def test_a_quiet_request_queued_behind_a_failing_cell_is_sent_again():
     """ipykernel aborts the requests queued behind a cell that fails (stop_on_error): the reset or the target's
     check, sent as a member's notebook fails, would come back "aborted" without running; it is sent again."""

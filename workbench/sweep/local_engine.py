@@ -3,9 +3,9 @@
 
 One after another, the members share one kernel, and with `jobs` each worker process keeps one for the members it
 runs: the stack's imports (torch, transformers, peft: about 5 s of CPU on 2 cores) are paid once per kernel, not per
-member, and between two members the kernel is made as a fresh one would be (`workbench.report.kernel_reset`: the
-notebooks' namespace, the shared model, the record of loads, the user's set-up module, the random generators, the
-peak memory). A member whose notebook kills the kernel leaves the next member a fresh one."""
+member, and between two members the kernel is made as a fresh one would be (`Kernel.begin_diagnosis`,
+`workbench.report.kernel_reset`, which says what it resets). A member whose notebook kills the kernel leaves the next
+member a fresh one."""
 
 from __future__ import annotations
 
