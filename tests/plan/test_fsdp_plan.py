@@ -71,13 +71,17 @@ def test_zero3_is_planned_as_fsdp_and_what_is_not_planned_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_the_fake_fsdp_step_holds_what_a_real_torchrun_fsdp_step_holds(tmp_path):
-    """One torchrun launch, 2 gloo ranks on the CPU, four set-ups measured in turn by the same tracker on real
-    tensors (`workbench.plan.real_fsdp_step`). Where activations dominate (full, LoRA, LoRA + checkpointing) the
-    fake plan equals each rank's tracked peak category by category: the same code and tracker on the same shapes,
-    so 1 % is room for nothing but a shape detail. Where the model states dominate (a 16k vocabulary, 1 × 8), the
-    peak falls in backward at a moment that differs between the fake collectives (which complete at once) and
-    gloo's (whose reduce-scatter on the CPU stages more temporaries): measured −7 %; the weights and optimizer
-    states, which do not depend on the moment, are equal, and the peak is held within 10 %."""
+    """One torchrun launch, 2 gloo ranks on the CPU, four set-ups measured in turn by the same tracker on real tensors
+    (`workbench.plan.real_fsdp_step`), each step's own peak kept (`step_peaks`). The plan's peak is its second
+    step's (the first holds no optimizer state yet); where activations dominate (full, LoRA, LoRA +
+    checkpointing) it equals the real second step's peak category by category, within 1 % of it: the same code
+    and tracker on the same shapes, so 1 % is room for nothing but a shape detail. Where the model states
+    dominate (a 16k vocabulary, 1 × 8) the peak falls in backward at a moment that differs between the fake
+    collectives (which complete at once) and gloo's (whose reduce-scatter on the CPU stages more temporaries):
+    measured −7 %, held within 10 %. The weights and the optimizer states the steps leave, which depend on no
+    moment, are equal. The first step is held within 10 % (15 % for the model states, measured −10 %): on CI one
+    rank's LoRA first step once peaked above its second (its peak then held no optimizer state), which 80
+    launches here, loaded or not, never showed; a failure's message carries every step's breakdown."""
     from workbench.distributed.launcher import launch_ranks
 
     folder, wide = tiny_qwen2(tmp_path / "m"), tiny_qwen2(tmp_path / "wide", vocab=16000)
@@ -98,10 +102,16 @@ def test_the_fake_fsdp_step_holds_what_a_real_torchrun_fsdp_step_holds(tmp_path)
     for case in cases:
         planned = sharded(case["checkpoint"], case["training_args"], peft=case["peft"], seq=case["seq"],
                           batch=case["batch"])
+        assert planned.phase == "backward (step 2)", (case["name"], planned.phase)
         for rank, result in run.results.items():
             real = result["sections"][case["name"]]
-            assert real["breakdown"]["weights"] == planned.breakdown["weights"], (case["name"], rank)
-            assert real["breakdown"]["optimizer states"] == planned.breakdown["optimizer states"]
-            tolerance = 0.10 if case["name"] == "states" else 0.01
-            assert abs(planned.peak_bytes - real["peak_bytes"]) <= tolerance * real["peak_bytes"], (
-                case["name"], rank, planned.peak_bytes, real["peak_bytes"])
+            first, second = real["step_peaks"]
+            where = (case["name"], rank, real["phases"], real["step_peaks"], planned.breakdown)
+            assert real["breakdown"]["weights"] == planned.breakdown["weights"], where
+            assert real["after_steps"]["optimizer states"] == planned.breakdown["optimizer states"] > 0, where
+            if case["name"] == "states":
+                assert abs(planned.peak_bytes - second["total"]) <= 0.10 * second["total"], where
+            else:
+                assert all(abs(second[k] - v) <= 0.01 * second["total"] for k, v in planned.breakdown.items()), where
+            first_tolerance = 0.15 if case["name"] == "states" else 0.10
+            assert abs(planned.first_step_peak_bytes - first["total"]) <= first_tolerance * first["total"], where

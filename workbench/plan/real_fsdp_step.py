@@ -2,7 +2,8 @@
 builds the model from the same config with random weights (`step.build_model` on the CPU instead of the meta
 device), shards it by the same accelerate preparation (`fsdp.shard_as_accelerate`) over the real process group, and
 runs the same two steps under the same tracker (`fsdp_step.tracked_sharded_steps`) on real tensors. Each rank writes
-its tracked peak and breakdown to `OUT/rank<N>.json`. Used by the tests to hold the fake-tensor plan to a real run.
+its tracked peak and breakdown, each step's own peak and what the steps leave held to `OUT/rank<N>.json`. Used by
+the tests to hold the fake-tensor plan to a real run.
 
     launch_ranks("workbench.plan.real_fsdp_step", ["--spec", SPEC_JSON, "--out", OUT], ranks=2, timeout=…, out_dir=OUT)
 
@@ -48,9 +49,13 @@ def measure(case: dict[str, Any], world_size: int) -> dict[str, Any]:
     # tensors the model would skip the 4D mask a fake tensor cannot show to be unneeded
     inputs["attention_mask"][:, -1] = 0
     measured = tracked_sharded_steps(setup, model, inputs)
-    breakdown = sharded_breakdown(measured["tracker"], measured["replicated"])
-    return {"peak_bytes": breakdown["total"], "breakdown": breakdown, "phase": measured["tracker"].peak_phase,
-            "units": sharding["units"], "weights_bytes": sum(rank_bytes(model))}
+    tracker = measured["tracker"]
+    breakdown = sharded_breakdown(tracker, measured["replicated"])
+    return {"peak_bytes": breakdown["total"], "breakdown": breakdown, "phase": tracker.peak_phase,
+            "units": sharding["units"], "weights_bytes": sum(rank_bytes(model)),
+            # each step's own peak (the overall peak hides the first step's) and what the steps leave held
+            "step_peaks": tracker.step_peaks, "after_steps": tracker.breakdown("current"),
+            "phases": [(name, peak) for name, peak, _ in tracker.phases]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,6 +62,9 @@ class StepMarks:
         # model replays it (cpu_allocator)
         self.trace: list[tuple[int, int]] = []
         self.phase_ends: list[tuple[str, int]] = []  # (phase, trace length at its end): the timeline's marks
+        # each training step's own peak, in the plan's names: the overall peak hides a step that stayed below it
+        self.step_peaks: list[dict[str, int]] = []
+        self._step_peak: dict[Any, Any] = {}  # the current step's peak snapshot so far, in the tracker's types
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
         super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
@@ -72,20 +75,37 @@ class StepMarks:
         elif u_type == _UpdateType.DEL:
             self.trace.append((-1, id(winfo)))
 
+    def _update_peak_stats(self, peak_state) -> None:
+        super()._update_peak_stats(peak_state)
+        self._note_step_peak()
+
+    def _note_step_peak(self) -> None:
+        """Keep the current step's peak beside the overall one (the tracker's `_update_peak_stats` calls it)."""
+        for dev_snap in self._curr_mem_snap.values():
+            if self._step_peak.get("Total", -1) < dev_snap["Total"]:
+                self._step_peak = dict(dev_snap)
+            break  # one tracked device
+
     def breakdown(self, which: str = "peak") -> dict[str, int]:
         """Bytes per category (and "total") of the tracked device, at the peak or now."""
         snapshot = self.get_tracker_snapshot(which)
         if not snapshot:
             return {"total": 0}
-        per_device = next(iter(snapshot.values()))
+        return self._in_plan_names(next(iter(snapshot.values())))
+
+    def _in_plan_names(self, per_device: dict[Any, int]) -> dict[str, int]:
         out = {self.categories[k]: v for k, v in per_device.items() if k in self.categories}
         out["total"] = per_device.get("Total", sum(out.values()))
         return out
 
     def phase(self, name: str) -> None:
-        """Mark the end of a phase: the peak so far and its breakdown, and where it ends in the trace."""
+        """Mark the end of a phase: the peak so far and its breakdown, and where it ends in the trace; the end of an
+        optimizer step closes the step's own peak (`step_peaks`)."""
         self.phases.append((name, self.breakdown()["total"], self.breakdown()))
         self.phase_ends.append((name, len(self.trace)))
+        if name.startswith("optimizer step"):
+            self.step_peaks.append(self._in_plan_names(self._step_peak) if self._step_peak else {"total": 0})
+            self._step_peak = {}
 
     def timeline(self, points: int = 1500) -> list[tuple[int, int]]:
         """(trace event, bytes the step holds beyond weights and buffers) over the step, at most `points` of them
@@ -155,6 +175,7 @@ class PeftMemTracker(StepMarks, MemTracker):
             if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
                 self._peak_mem[dev] = dev_snap["Total"]
                 self._peak_mem_snap[dev] = deepcopy(dev_snap)
+        self._note_step_peak()
 
     def _track_module_params_and_buffers(self, module: torch.nn.Module, install_grad_hooks: bool = True):
         tracked = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
