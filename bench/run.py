@@ -881,8 +881,8 @@ def main() -> None:
         write_section("sweep", "`workbench sweep`: eight members, local against --jobs 2 against Ray", table_text
                       + "\n\nEach member is `diagnose --notebooks 00` on a checkpoint of a real LoRA run. The local "
                       "engine keeps one kernel for its members in series (each worker one with --jobs 2), reset "
-                      "between them; Ray gives each member a kernel of its own, and its row includes starting its "
-                      "local cluster. The naive row runs `diagnose` once per checkpoint (a process and a kernel each).")
+                      "between them; each Ray worker keeps one for the members it runs, and Ray's row includes "
+                      "starting its local cluster. The naive row runs `diagnose` once per checkpoint (a process and a kernel each).")
         return
     if args.only_glibc_trace:
         from glibc_trace import MISSING_TOOLS, glibc_trace_rows
