@@ -204,3 +204,26 @@ def test_a_quiet_request_queued_behind_a_failing_cell_is_sent_again():
             notebook.stop_channels()
     assert replies == {failing: "error", queued: "aborted"}  # what ipykernel does to a request queued behind it
     assert reply["status"] == "ok" and reply["user_expressions"]["answer"]["data"]["text/plain"] == "42"
+
+
+def test_on_a_gpu_each_devices_cache_and_peak_are_reset_and_without_a_cuda_context_none_is_made(monkeypatch):
+    """No GPU here: torch's CUDA calls are recorded, not made, to check which ones the reset asks of each device
+    (what they do is torch's: `empty_cache`, `reset_peak_memory_stats`). A kernel that never made a CUDA context
+    gets none made by the reset."""
+    import contextlib
+
+    import torch
+
+    from workbench.report import kernel_reset
+
+    kernel_reset._reset_cuda_memory()
+    assert not torch.cuda.is_initialized()
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext(calls.append(("device", index))))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: calls.append("reset_peak_memory_stats"))
+    kernel_reset._reset_cuda_memory()
+    assert calls == [("device", 0), "empty_cache", "reset_peak_memory_stats",
+                     ("device", 1), "empty_cache", "reset_peak_memory_stats"]

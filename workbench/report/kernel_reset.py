@@ -20,7 +20,9 @@ from the previous diagnosis, undone before the next one begins.
 - the random generators, seeded afresh from the system as a new process seeds them;
 - the memory glibc keeps after the previous model was freed (`malloc_trim`), so that memory checks read what a fresh
   kernel would, and the process' peak memory (`workbench.peak_memory`): where that cannot be reset, the answer is
-  False and the caller starts a fresh kernel, so that no report states another diagnosis' peak as its own.
+  False and the caller starts a fresh kernel, so that no report states another diagnosis' peak as its own;
+- on a GPU, where the kernel made a CUDA context: the caching allocator's free blocks and each device's peak
+  statistics (`torch.cuda.empty_cache`, `reset_peak_memory_stats`), which eval.memory reads.
 
 What the stack's imports made (modules, `gc.freeze`'d objects, caches of library tables) is the same for every
 diagnosis and stays: that is the start-up the kept kernel saves.
@@ -68,6 +70,7 @@ def begin_next_diagnosis(notebooks: list[str], setup: str) -> bool:
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     _give_back_freed_memory()
+    _reset_cuda_memory()
     return reset_peak_rss()
 
 
@@ -93,6 +96,19 @@ def _forget_user_module(setup: str) -> None:
         return
     for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
         del sys.modules[loaded]
+
+
+def _reset_cuda_memory() -> None:
+    """Where this kernel has made a CUDA context (never making one): each device's cached free blocks given back and
+    its peak statistics reset, so that the next diagnosis' `torch.cuda.max_memory_allocated` (eval.memory) and free
+    memory read as in a fresh kernel, not the previous member's."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    for device in range(torch.cuda.device_count()):
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
 
 
 def _give_back_freed_memory() -> None:
