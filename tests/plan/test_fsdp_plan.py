@@ -80,8 +80,9 @@ def test_the_fake_fsdp_step_holds_what_a_real_torchrun_fsdp_step_holds(tmp_path)
     collectives (which complete at once) and gloo's (whose reduce-scatter on the CPU stages more temporaries):
     measured −7 %, held within 10 %. The weights and the optimizer states the steps leave, which depend on no
     moment, are equal. The first step is held within 10 % (15 % for the model states, measured −10 %): on CI one
-    rank's LoRA first step once peaked above its second (its peak then held no optimizer state), which 80
-    launches here, loaded or not, never showed; a failure's message carries every step's breakdown."""
+    rank's LoRA first step once peaked above its second (its peak then held no optimizer state), which about 90
+    measurements here (12 launches, loaded or not) never showed; a failure's message carries every step's
+    breakdown."""
     from workbench.distributed.launcher import launch_ranks
 
     folder, wide = tiny_qwen2(tmp_path / "m"), tiny_qwen2(tmp_path / "wide", vocab=16000)
