@@ -3,6 +3,7 @@ FSDPMemTracker, held to a real 2-rank torchrun (gloo, CPU) running the same step
 tensors; the units are the ones accelerate makes, a set-up the planner cannot shard is one line."""
 
 import json
+import warnings
 
 import pytest
 
@@ -80,9 +81,11 @@ def test_the_fake_fsdp_step_holds_what_a_real_torchrun_fsdp_step_holds(tmp_path)
     collectives (which complete at once) and gloo's (whose reduce-scatter on the CPU stages more temporaries):
     measured −7 %, held within 10 %. The weights and the optimizer states the steps leave, which depend on no
     moment, are equal. The first step is held within 10 % (15 % for the model states, measured −10 %): on CI one
-    rank's LoRA first step once peaked above its second (its peak then held no optimizer state), which about 90
-    measurements here (12 launches, loaded or not) never showed; a failure's message carries every step's
-    breakdown."""
+    rank's LoRA first step once peaked above its second (its peak then held no optimizer state: at least the
+    states' 77,936 bytes, 1.6 %, above the plan's first step), which about 90 measurements here (12 launches,
+    loaded or not) never showed, equal to the plan each time. Where an activation-dominated first step is more
+    than 1 % away, the test warns with every step's breakdown (CI prints the warnings), so that a recurrence says
+    where its bytes were."""
     from workbench.distributed.launcher import launch_ranks
 
     folder, wide = tiny_qwen2(tmp_path / "m"), tiny_qwen2(tmp_path / "wide", vocab=16000)
@@ -116,3 +119,5 @@ def test_the_fake_fsdp_step_holds_what_a_real_torchrun_fsdp_step_holds(tmp_path)
                 assert all(abs(second[k] - v) <= 0.01 * second["total"] for k, v in planned.breakdown.items()), where
             first_tolerance = 0.15 if case["name"] == "states" else 0.10
             assert abs(planned.first_step_peak_bytes - first["total"]) <= first_tolerance * first["total"], where
+            if case["name"] != "states" and abs(planned.first_step_peak_bytes - first["total"]) > 0.01 * first["total"]:
+                warnings.warn(f"a real first step away from the plan's by more than 1 %: {where}", stacklevel=1)

@@ -128,6 +128,10 @@ def test_members_in_series_share_one_kernel_and_report_what_a_kernel_of_their_ow
     workers = {ray_sweep.member_report(n)["cost"]["sweep"]["host"] for n in names}
     assert set(ray_kernels.values()) <= {(1, False), (0, True)}, ray_kernels
     assert sum(started for started, _ in ray_kernels.values()) == len(workers), (ray_kernels, workers)
+    # two CPUs: Ray runs two members side by side, each worker's first member in a fresh kernel, so at least one
+    # member the local engine ran in its kept kernel ran fresh on Ray: the kept kernel held to a fresh one
+    assert len(workers) >= 2, workers
+    assert any(kernels(local_sweep, n) == (0, True) and ray_kernels[n] == (1, False) for n in names), ray_kernels
     index = (local_sweep.folder / "members" / names[1] / "index.html").read_text()
     assert "the kernel of the previous diagnosis, kept and reset" in index
 

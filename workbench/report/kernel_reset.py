@@ -22,7 +22,10 @@ from the previous diagnosis, undone before the next one begins.
   kernel would, and the process' peak memory (`workbench.peak_memory`): where that cannot be reset, the answer is
   False and the caller starts a fresh kernel, so that no report states another diagnosis' peak as its own;
 - on a GPU, where the kernel made a CUDA context: the caching allocator's free blocks and each device's peak
-  statistics (`torch.cuda.empty_cache`, `reset_peak_memory_stats`), which eval.memory reads.
+  statistics (`torch.cuda.empty_cache`, `reset_peak_memory_stats`), as a fresh kernel has them.
+
+`release_the_model()` gives the previous diagnosis' model and memory back early, for a kept kernel that waits idle
+between diagnoses while its machine's memory is given to others (a Ray worker between tasks).
 
 What the stack's imports made (modules, `gc.freeze`'d objects, caches of library tables) is the same for every
 diagnosis and stays: that is the start-up the kept kernel saves.
@@ -98,17 +101,28 @@ def _forget_user_module(setup: str) -> None:
         del sys.modules[loaded]
 
 
+def release_the_model() -> None:
+    """Between two diagnoses of a kept kernel that may wait idle (a Ray worker between tasks): the namespace, the
+    shared model and the memory they held given back now, not when the next diagnosis begins."""
+    from workbench.model import shared
+
+    forget_the_namespace()
+    shared.reset()
+    _give_back_freed_memory()
+    _reset_cuda_memory()
+
+
 def _reset_cuda_memory() -> None:
-    """Where this kernel has made a CUDA context (never making one): each device's cached free blocks given back and
-    its peak statistics reset, so that the next diagnosis' `torch.cuda.max_memory_allocated` (eval.memory) and free
-    memory read as in a fresh kernel, not the previous member's."""
+    """Where this kernel has made a CUDA context: the caching allocator's free blocks given back (every device, one
+    call) and each device's peak statistics reset, without switching devices (`torch.cuda.device` would make a
+    context on a GPU the kernel never used), so that a reader of `torch.cuda.max_memory_allocated` sees what a fresh
+    kernel would. eval.memory resets its own peaks before it measures: this is for every other reader."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return
+    torch.cuda.empty_cache()
     for device in range(torch.cuda.device_count()):
-        with torch.cuda.device(device):
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def _give_back_freed_memory() -> None:

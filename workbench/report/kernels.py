@@ -101,6 +101,18 @@ class Kernel:
         # a kernel that died as the reset began was replaced by a fresh one: started for this diagnosis
         self.started = 1 if reset and self.started > before else 0
 
+    def release_the_model(self, timeout: float = 120) -> bool:
+        """A kept kernel about to wait idle: the last diagnosis' namespace, model and memory given back now
+        (`kernel_reset.release_the_model`). False, and the kernel shut down, where that cannot be done."""
+        if not self.alive():
+            return False
+        content = self._run_quietly("__import__('workbench.report.kernel_reset', fromlist=['_']).release_the_model()",
+                                    timeout)
+        if (content or {}).get("status") == "ok":
+            return True
+        self.discard()
+        return False
+
     def _run_quietly(self, code: str, timeout: float, expressions: dict[str, str] | None = None) -> dict | None:
         """Execute `code` in this kernel without output or history (after the warm-up's imports): the reply's
         content, None when the kernel died or gave no answer in `timeout`. `expressions`: evaluated after it,

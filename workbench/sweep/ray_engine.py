@@ -9,8 +9,8 @@ starts. Ray is imported here only, when `--engine ray` asks for it.
 - A worker lost mid-task (killed, its node gone) is retried here, up to `MAX_ATTEMPTS` in all, not by Ray's silent
   retry (`max_retries=0`): each lost attempt is recorded in the member's cost block.
 - Progress: one line per member as it finishes, in whatever order the cluster finishes them.
-- Each Ray worker keeps one kernel for the members it runs in turn (`_worker_kernel`), reset between them as the local
-  engine's is.
+- Each Ray worker keeps one kernel for the members given no GPU that it runs in turn (`_worker_kernel`), reset between
+  them as the local engine's is.
 """
 
 from __future__ import annotations
@@ -142,44 +142,52 @@ def _run(ray, members, args, members_dir, shared_dir, finished) -> list[MemberOu
 def _member_task(member: Member, args: argparse.Namespace, landing: str | None):
     """On a worker: the member diagnosed; its report packed for the object store, or left at `landing`."""
     kernel = _worker_kernel(args.notebooks)
-    if landing is not None:
-        into = Path(landing)
-        shutil.rmtree(into, ignore_errors=True)  # what a lost earlier attempt left
-        return diagnose_member(member, args, into, kept_kernel=kernel), None
-    with tempfile.TemporaryDirectory(prefix="workbench-sweep-") as scratch:
-        outcome = diagnose_member(member, args, Path(scratch) / member.name, kept_kernel=kernel)
-        return outcome, _pack(Path(outcome.report)) if outcome.report else None
+    try:
+        if landing is not None:
+            into = Path(landing)
+            shutil.rmtree(into, ignore_errors=True)  # what a lost earlier attempt left
+            return diagnose_member(member, args, into, kept_kernel=kernel), None
+        with tempfile.TemporaryDirectory(prefix="workbench-sweep-") as scratch:
+            outcome = diagnose_member(member, args, Path(scratch) / member.name, kept_kernel=kernel)
+            return outcome, _pack(Path(outcome.report)) if outcome.report else None
+    finally:
+        if kernel is not None:
+            kernel.release_the_model()  # Ray gives the task's memory to others as it ends
 
 
-# On a Ray worker: the kernel the members it runs share, and the GPUs Ray had given the task that started it. Ray
-# reuses a worker process for the job's next task, so its members pay the stack's imports once, as the local
-# engine's do, and `Kernel.begin_diagnosis` resets the kernel between them. A task given other GPUs
-# (CUDA_VISIBLE_DEVICES, which a kernel reads once) gets a kernel started under them. A worker that Ray stops takes
-# its kernel with it: ipykernel exits when its parent process is gone.
+# On a Ray worker: the kernel the members it runs share. Ray reuses a worker process for the job's next task, so its
+# members pay the stack's imports once, as the local engine's do, and `Kernel.begin_diagnosis` resets the kernel
+# between them; as each task ends the kernel gives its member's model and memory back, since Ray hands the task's
+# memory to other tasks while the worker waits. Only for tasks given no GPU: Ray recycles the workers of GPU tasks
+# here too (their GPUs come from `.options()`, so `max_calls=1` is not applied: ray/remote_function.py, issue 29624),
+# and an idle kernel's CUDA context would keep a GPU that Ray has given to another task; a GPU task's member starts
+# a kernel of its own, closed when it ends. A worker that Ray stops takes its kernel with it: ipykernel exits when
+# its parent process is gone.
 _WORKER_KERNEL = None
-_WORKER_KERNEL_GPUS: str | None = None
 
 
 def _worker_kernel(notebooks: list[str] | None):
-    """This worker's kept kernel, started by its first member; None where none can start (the member then starts
-    one of its own, and says so itself if that fails too)."""
-    global _WORKER_KERNEL, _WORKER_KERNEL_GPUS
+    """This worker's kept kernel, started by its first member; None for a task given GPUs, or where no kernel can
+    start (the member then starts one of its own, and says so itself if that fails too)."""
+    global _WORKER_KERNEL
     import atexit
 
     from workbench.report.runner import start_kernel
 
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if _WORKER_KERNEL is not None and gpus != _WORKER_KERNEL_GPUS:
-        _WORKER_KERNEL.close()
-        _WORKER_KERNEL = None
+    if import_ray().get_gpu_ids():  # the GPUs Ray gave this task
+        return None
     if _WORKER_KERNEL is None:
         try:
             _WORKER_KERNEL = start_kernel(only=notebooks)
         except Exception:  # noqa: BLE001 - the member starts its own kernel
             return None
-        _WORKER_KERNEL_GPUS = gpus
-        atexit.register(_WORKER_KERNEL.close)
+        atexit.register(_close_worker_kernel)
     return _WORKER_KERNEL
+
+
+def _close_worker_kernel() -> None:
+    if _WORKER_KERNEL is not None:
+        _WORKER_KERNEL.close()
 
 
 def _pack(folder: Path) -> bytes:
