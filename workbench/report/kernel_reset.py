@@ -63,7 +63,6 @@ def begin_next_diagnosis(notebooks: list[str], setup: str) -> bool:
     from workbench.model.loading import LOADS
     from workbench.peak_memory import reset_peak_rss
 
-    shared.reset()
     LOADS.clear()
     _restore_environment({**STARTING_ENVIRONMENT, shared.NOTEBOOKS_ENV: ",".join(notebooks)})
     _forget_user_module(setup)
@@ -72,8 +71,7 @@ def begin_next_diagnosis(notebooks: list[str], setup: str) -> bool:
         sys.modules["torch"].seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    _give_back_freed_memory()
-    _reset_cuda_memory()
+    _free_the_model()
     return reset_peak_rss()
 
 
@@ -104,9 +102,14 @@ def _forget_user_module(setup: str) -> None:
 def release_the_model() -> None:
     """Between two diagnoses of a kept kernel that may wait idle (a Ray worker between tasks): the namespace, the
     shared model and the memory they held given back now, not when the next diagnosis begins."""
+    forget_the_namespace()
+    _free_the_model()
+
+
+def _free_the_model() -> None:
+    """The shared model and what was computed ahead of it dropped, the heap's and CUDA's freed memory given back."""
     from workbench.model import shared
 
-    forget_the_namespace()
     shared.reset()
     _give_back_freed_memory()
     _reset_cuda_memory()
