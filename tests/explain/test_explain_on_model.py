@@ -3,11 +3,10 @@ checks; `--reproduce` replays the seeds' errors on a tiny twin built from a conf
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
+from tests.cli_in_process import workbench_here
 from tests.explain.test_reading_and_ranking import DP_CRASH
 
 pytestmark = pytest.mark.slow
@@ -32,9 +31,9 @@ following reasons: 1) Use of a module parameter outside the `forward` function."
 def explain(tmp_path, text, *args):
     log = tmp_path / "error.log"
     log.write_text(text)
-    result = subprocess.run([sys.executable, "-m", "workbench", "explain", str(log), "--json",
-                             "--reports-dir", str(tmp_path / "reports"), *map(str, args)],
-                            capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    # the CLI's entry point in this process (tests/cli_in_process.py); the kernels and torchrun ranks it starts are
+    # processes of their own
+    result = workbench_here("explain", log, "--json", "--reports-dir", tmp_path / "reports", *args)
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout)
 

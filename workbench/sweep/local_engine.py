@@ -64,11 +64,21 @@ def _start_worker_kernel(notebooks: list[str] | None) -> None:
 
     from workbench.report.runner import start_kernel
 
+    prepare_worker_process()
     try:
         _WORKER_KERNEL = start_kernel(only=notebooks)
     except Exception:  # noqa: BLE001 - a pool whose initializer raises is broken for every member: each member
         return         # starts its own kernel instead, and says so itself if that fails too
     util.Finalize(_WORKER_KERNEL, _WORKER_KERNEL.close, exitpriority=10)
+
+
+def prepare_worker_process() -> None:
+    """What the CLI's own process does before it imports papermill, done in a spawned worker too (a fresh
+    interpreter inherits the environment, not the parent's `sys.modules`): without it each worker's `import papermill`
+    compiles rfc3987_syntax's grammars, 1.7–3 s of CPU per worker (`runtime.skip_slow_optional_imports`)."""
+    from workbench.runtime import skip_slow_optional_imports
+
+    skip_slow_optional_imports()
 
 
 def _diagnose_in_worker(member: Member, args: argparse.Namespace, into: Path) -> MemberOutcome:
