@@ -335,6 +335,45 @@ def test_tie_settings_that_contradict_the_tensors(llamas, copy_of, edit_json, tm
     assert f.verdict == "warn" and "Identical" in f.title
 
 
+def t5_v1_1_as_published(folder: Path) -> Path:
+    """A T5 v1.1 / Flan-T5-shaped checkpoint: config.json says tie_word_embeddings false, lm_head saved apart from
+    `shared` with values of its own (transformers 5.x's T5Config ties whatever the file says)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1,
+                                                num_heads=4, feed_forward_proj="gated-gelu", decoder_start_token_id=0))
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(64, 16, generator=torch.Generator().manual_seed(1)))
+    model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    return folder
+
+
+def test_a_t5_v1_1_head_saved_apart_as_its_config_declares_passes_and_may_be_trained(copy_of, edit_json, tmp_path):
+    """Held-out entry forms: mT5 and T5 v1.1 checkpoints as published (flan-t5 among them) drew a fail, and the
+    callback stopped their runs: transformers 5.x's T5Config forces the tie, the meta skeleton ties the head, yet
+    from_pretrained keeps a saved head that differs (modeling_utils tie_weights), as config.json declares."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import T5ForConditionalGeneration
+
+    published = t5_v1_1_as_published(tmp_path / "t5-v1_1")
+    loaded = T5ForConditionalGeneration.from_pretrained(published)
+    assert loaded.lm_head.weight is not loaded.shared.weight  # what the installed transformers makes of it
+    f = finding("config.tied_embeddings", published)
+    assert f.verdict == "pass" and f.evidence["kept_apart_at_load"] and f.evidence["tied_by_model"], f.detail
+    assert "untied" in f.title and "keeps them apart" in f.detail
+    saved_head = tmp_path / "saved-head"
+    get_peft_model(loaded, LoraConfig(r=2, target_modules=["q", "v"], modules_to_save=["lm_head"],
+                                      task_type="SEQ_2_SEQ_LM")).save_pretrained(saved_head)
+    assert finding("config.tied_embeddings", published, saved_head).verdict == "pass"
+    # the same tensors under a file that declares the tie: the config contradicts the checkpoint
+    declared_tied = copy_of(published, "declared-tied")
+    edit_json(declared_tied / "config.json", tie_word_embeddings=True)
+    f = finding("config.tied_embeddings", declared_tied)
+    assert f.verdict == "fail" and "differs" in f.title and not f.evidence["kept_apart_at_load"]
+
+
 # --- config.quantization -----------------------------------------------------------------------------------------
 BNB_4BIT = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
             "bnb_4bit_compute_dtype": "bfloat16"}

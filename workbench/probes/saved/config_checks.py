@@ -46,6 +46,12 @@ class TiedEmbeddingsResult(ProbeResult):
     same_bytes: bool | None = None  # shapes equal and sampled bytes equal
     adapter_touches: list[str] = dataclasses.field(default_factory=list)  # how the adapter trains head/embeddings
     ensure_weight_tying: bool = False
+    # config.json declares the head untied, the config class overrides that to tied (transformers 5.x T5Config and
+    # MT5Config: "official weights have False serialized, but we have to tie always"), and both tensors are saved
+    # with different values: from_pretrained keeps them apart (modeling_utils `tie_weights`: "both are present in the
+    # checkpoints with different values, so we will NOT tie them"), the model as the checkpoint declares it (T5 v1.1,
+    # mT5, Flan-T5 as published)
+    kept_apart_at_load: bool = False
 
     def findings(self) -> list[Finding]:
         evidence = dataclasses.asdict(self)
@@ -88,6 +94,11 @@ class TiedEmbeddingsResult(ProbeResult):
                      f" to its embeddings (config.json's top-level tie_word_embeddings: {self.tie_word_embeddings})"
                      if self.tied_by_model is not None and self.tie_word_embeddings is not None
                      and self.tied_by_model != self.tie_word_embeddings else "")
+        if self.kept_apart_at_load:
+            flag_note = (f"; config.json declares them untied and {self.model_class}'s config class ties them "
+                         "whatever it declares, but with both saved and different from_pretrained keeps them apart "
+                         "(transformers' tie_weights; it prints \"both are present in the checkpoints with different "
+                         "values, so we will NOT tie them\", which this checkpoint can ignore)")
         return [Finding(TIED, "pass", f"Embeddings {state}, consistent with the tensors",
                         f"Head {self.output_tensor or 'not saved'}, embeddings {self.input_tensor or 'not saved'}"
                         + flag_note
@@ -97,6 +108,8 @@ class TiedEmbeddingsResult(ProbeResult):
     @property
     def tied(self) -> bool | None:
         """The tie from_pretrained makes: the built model's answer, else config.json's flag."""
+        if self.kept_apart_at_load:
+            return False
         return self.tie_word_embeddings if self.tied_by_model is None else self.tied_by_model
 
     def details(self):
@@ -148,6 +161,9 @@ def tied_embeddings_probe(files: SavedFiles) -> TiedEmbeddingsResult:
         a, b = (files.sampled(h1, t1), files.sampled(h2, t2)) if t1.shape == t2.shape else (b"", b"x")
         # all-zero samples (an unwritten, sparse file) tell nothing about tying: not compared
         result.same_bytes = None if a == b and not a.strip(b"\0") else (t1.dtype == t2.dtype and a == b)
+    if result.tied_by_model and result.same_bytes is False and (files.config or {}).get("tie_word_embeddings") is False:
+        built = getattr(files.skeleton[0].config, "tie_word_embeddings", None)
+        result.kept_apart_at_load = built is True  # the class overrode the declared flag (see the field)
     raw = files.adapter_config or {}
     result.ensure_weight_tying = bool(raw.get("ensure_weight_tying"))
     leaves = {m.rsplit(".", 1)[-1] for m in (result.input_module, result.output_module) if m}
