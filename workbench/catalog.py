@@ -328,7 +328,8 @@ CHECKS: tuple[Check, ...] = (
        "`tie_word_embeddings` (top level, else the text config) against the saved head and embeddings (shape and "
        "first + last 4 KiB) and against the adapter (`modules_to_save` or LoRA on `lm_head` / `embed_tokens`, "
        "`trainable_token_indices`, unless `ensure_weight_tying`)",
-       **{"pass": "consistent",
+       **{"pass": "consistent, with the tie from_pretrained makes (a head config.json declares untied and saves apart "
+                  "stays apart though T5/mT5's config class forces the tie)",
           "warn": "identical tensors declared untied",
           "fail": "tied while the adapter or checkpoint trains them apart, or untied with no head saved"}),
     _c("config.quantization", "00_saved_files",
