@@ -239,11 +239,14 @@ def test_the_plan_is_within_ten_percent_of_a_real_trainer_step_with_glibc_thresh
 
     folder = tiny_qwen2(tmp_path / "m", layers=4, hidden=256, vocab=16000)
     adapter = lora_file(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     real = subprocess.run([sys.executable, "-m", "workbench.plan.real_step", str(folder),
                            json.dumps({"per_device_train_batch_size": 8}), str(adapter), "--seq", "256"],
                           capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
+                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "TMPDIR": str(scratch)})
     assert real.returncode == 0, real.stderr
+    assert not list(scratch.glob("workbench-real-step-*"))  # the Trainer's output_dir went with the step
     measured = json.loads(real.stdout.strip().splitlines()[-1])["above_weights_bytes"]
     planned = plan_of(folder, peft=str(adapter), seq=256, batch=8, device="cpu")
     above = planned.peak_bytes - planned.weights_bytes

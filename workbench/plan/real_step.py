@@ -62,16 +62,17 @@ def main(argv: list[str] | None = None) -> int:
              "labels": [1 + (i + j) % 100 for j in range(args.seq - padded)] + [-100] * padded,
              "attention_mask": [1] * (args.seq - padded) + [0] * padded}
             for i in range(batch * args.steps * int(fields.get("gradient_accumulation_steps", 1)))]
-    out = tempfile.mkdtemp(prefix="workbench-real-step-")
-    training = TrainingArguments(output_dir=out, max_steps=args.steps, report_to=[], save_strategy="no",
-                                 logging_strategy="no", use_cpu=True, dataloader_num_workers=0,
-                                 disable_tqdm=True, **fields)
-    trainer = Trainer(model=model, args=training, train_dataset=rows)
-    gc.collect()
-    before = _rss()
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
+    # the Trainer's output_dir (nothing is saved into it): removed with the step
+    with tempfile.TemporaryDirectory(prefix="workbench-real-step-") as out:
+        training = TrainingArguments(output_dir=out, max_steps=args.steps, report_to=[], save_strategy="no",
+                                     logging_strategy="no", use_cpu=True, dataloader_num_workers=0,
+                                     disable_tqdm=True, **fields)
+        trainer = Trainer(model=model, args=training, train_dataset=rows)
+        gc.collect()
+        before = _rss()
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     print(json.dumps({"weights_bytes": weights, "rss_before_bytes": before, "peak_rss_bytes": peak,
