@@ -129,6 +129,35 @@ def test_the_4bit_base_stores_what_bitsandbytes_stores(tmp_path):
     assert any("4-bit" in n for n in four.notes)
 
 
+@pytest.mark.slow
+def test_the_4bit_base_leaves_out_what_transformers_leaves_out_and_a_t5_v1_1_plans(tmp_path):
+    """Held-out entry forms: a T5 v1.1 adapter planned under qlora was `plan.memory: error` ("result type float32
+    can't be cast to uint8"): the plan quantized T5's `wo`, which transformers keeps out of 4-bit
+    (`_keep_in_fp32_modules`) and whose forward casts its input to the weight's dtype. The plan's 4-bit layers are
+    now the ones a real bitsandbytes load makes."""
+    from transformers import BitsAndBytesConfig, T5Config, T5ForConditionalGeneration
+
+    from workbench.plan.fake_model import modules_left_unquantized, quantize_4bit
+
+    folder = tmp_path / "t5-v1_1"
+    config = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                      feed_forward_proj="gated-gelu", decoder_start_token_id=0)
+    torch.manual_seed(0)
+    T5ForConditionalGeneration(config).save_pretrained(folder)
+    real = T5ForConditionalGeneration.from_pretrained(folder, quantization_config=BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16), device_map="cpu")
+    real_4bit = sorted(n for n, m in real.named_modules() if type(m).__name__ == "Linear4bit")
+    with torch.device("meta"):
+        planned = T5ForConditionalGeneration._from_config(config)
+    left_out = modules_left_unquantized(planned, None)
+    assert "wo" in left_out and "lm_head" in left_out
+    assert sorted(quantize_4bit(planned, torch.bfloat16, True, left_out)) == real_4bit
+    assert not any(n.endswith(".wo") for n in real_4bit)
+    four = plan_of(folder, setup="qlora", seq=32, batch=2, device="cpu")
+    assert four.peak_bytes > 0 and any("kept as transformers' bitsandbytes quantizer keeps them" in n
+                                       for n in four.notes)
+
+
 def test_the_fsdp_fallback_arithmetic_shards_the_model_states_and_keeps_the_activations_whole():
     from types import SimpleNamespace
 

@@ -78,14 +78,39 @@ class FourBitLinear(nn.Linear):
         return out.to(x.dtype)
 
 
-def quantize_4bit(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool, skip: set[str]) -> list[str]:
-    """Every nn.Linear outside `skip` (the output head, the quantization config's llm_int8_skip_modules) replaced by a
-    FourBitLinear, as transformers' bitsandbytes integration replaces them with Linear4bit; the names replaced."""
+def modules_left_unquantized(model: nn.Module, skip_modules: list[str] | None) -> list[str]:
+    """What transformers' bitsandbytes quantizer leaves out of 4-bit, asked from the installed release
+    (`Bnb4BitHfQuantizer._process_model_before_weight_loading`, transformers 5.x: `get_modules_to_not_convert` over the
+    quantization config's `llm_int8_skip_modules` and the class' `_keep_in_fp32_modules`, such as T5's `wo`, whose
+    forward casts its input to the weight's dtype): the output head, tied and last modules, those. A release without
+    that helper: the output head, the skip list and `_keep_in_fp32_modules`."""
+    keep_fp32 = sorted(getattr(model, "_keep_in_fp32_modules", None) or [])
+    try:
+        from transformers.quantizers.base import HfQuantizer
+
+        return sorted(HfQuantizer.get_modules_to_not_convert(model, skip_modules, keep_fp32))
+    except (ImportError, AttributeError, TypeError):
+        return sorted(output_head_names(model) | set(skip_modules or []) | set(keep_fp32))
+
+
+def _converted(full_name: str, left_out: list[str]) -> bool:
+    """transformers' own name matching (`quantizers_utils.should_convert_module`), else a suffix match."""
+    try:
+        from transformers.quantizers.quantizers_utils import should_convert_module
+    except ImportError:
+        return not any(full_name == s or full_name.endswith(f".{s}") for s in left_out)
+    return should_convert_module(full_name, left_out)
+
+
+def quantize_4bit(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool, left_out: list[str]) -> list[str]:
+    """Every nn.Linear that transformers' bitsandbytes integration would convert (not in `left_out`:
+    `modules_left_unquantized`) replaced by a FourBitLinear, as the integration replaces them with Linear4bit; the
+    names replaced."""
     replaced = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if type(child) is nn.Linear and not any(s == child_name or full.endswith(s) for s in skip):
+            if type(child) is nn.Linear and _converted(full, left_out):
                 setattr(module, child_name, FourBitLinear(child, compute_dtype, double_quant))
                 replaced.append(full)
     return replaced

@@ -20,7 +20,7 @@ import torch
 from workbench.model.setups import lora_config_for
 from workbench.plan.cpu_allocator import glibc_peak
 from workbench.plan.depth import extended
-from workbench.plan.fake_model import describe_trainable, on_fake_storage, output_head_names, quantize_4bit
+from workbench.plan.fake_model import describe_trainable, modules_left_unquantized, on_fake_storage, quantize_4bit
 from workbench.plan.setup import NotPlannable, plannable_class
 from workbench.plan.tracker import PeftMemTracker
 
@@ -64,11 +64,11 @@ def build_model(setup, device: str = "meta"):
 
         quant = getattr(config, "quantization_config", None) or {}
         quant = quant if isinstance(quant, dict) else quant.to_dict()
-        skip = output_head_names(model) | set(quant.get("llm_int8_skip_modules") or [])
+        left_out = modules_left_unquantized(model, quant.get("llm_int8_skip_modules"))
         compute = torch.bfloat16 if setup.dtype == torch.float32 else setup.dtype
-        replaced = quantize_4bit(model, compute, double_quant=True, skip=skip)
+        replaced = quantize_4bit(model, compute, double_quant=True, left_out=left_out)
         notes.append(f"{len(replaced)} Linear layers in 4-bit (nf4, double quantization, compute {compute}), "
-                     f"{', '.join(sorted(skip))} kept")
+                     f"{', '.join(left_out)} kept as transformers' bitsandbytes quantizer keeps them")
         model.is_loaded_in_4bit = True
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if setup.peft is not None or setup.setup == "qlora":
