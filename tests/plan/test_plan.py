@@ -158,6 +158,31 @@ def test_the_4bit_base_leaves_out_what_transformers_leaves_out_and_a_t5_v1_1_pla
                                        for n in four.notes)
 
 
+@pytest.mark.slow
+def test_a_gpt2_4bit_base_quantizes_its_conv1d_layers_as_transformers_does(tmp_path):
+    """GPT-2's attention and MLP are transformers' Conv1D, which its bitsandbytes integration converts to Linear4bit
+    like any nn.Linear: the plan's 4-bit base holds them packed too, not at full size."""
+    from transformers import BitsAndBytesConfig, GPT2Config, GPT2LMHeadModel
+
+    from workbench.plan.fake_model import modules_left_unquantized, quantize_4bit
+
+    folder = tmp_path / "gpt2"
+    config = GPT2Config(vocab_size=128, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    real = GPT2LMHeadModel.from_pretrained(folder, quantization_config=BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16), device_map="cpu")
+    real_4bit = sorted(n for n, m in real.named_modules() if type(m).__name__ == "Linear4bit")
+    assert any(n.endswith("attn.c_attn") for n in real_4bit)
+    with torch.device("meta"):
+        planned = GPT2LMHeadModel._from_config(config)
+    assert sorted(quantize_4bit(planned, torch.bfloat16, True, modules_left_unquantized(planned, None))) == real_4bit
+    # the plan itself: before, no layer was 4-bit and the qlora plan held more weight bytes than the plain one
+    four, plain = plan_of(folder, setup="qlora", seq=32, batch=2, device="cpu"), plan_of(folder, seq=32, batch=2,
+                                                                                          device="cpu")
+    assert four.weights_bytes < 0.5 * plain.weights_bytes, (four.weights_bytes, plain.weights_bytes)
+
+
 def test_the_fsdp_fallback_arithmetic_shards_the_model_states_and_keeps_the_activations_whole():
     from types import SimpleNamespace
 

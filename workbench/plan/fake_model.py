@@ -53,10 +53,10 @@ class Params4bit(nn.Parameter):
 class FourBitLinear(nn.Linear):
     """An nn.Linear whose weight is stored as bitsandbytes stores a 4-bit one (module docstring)."""
 
-    def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype, double_quant: bool) -> None:
+    def __init__(self, linear: nn.Module, compute_dtype: torch.dtype, double_quant: bool) -> None:
         nn.Module.__init__(self)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        n = linear.in_features * linear.out_features
+        self.in_features, self.out_features = _features(linear)
+        n = self.in_features * self.out_features
         device = linear.weight.device
         self.weight = Params4bit(torch.empty((math.ceil(n / 2), 1), dtype=torch.uint8, device=device),
                                  requires_grad=False)
@@ -76,6 +76,25 @@ class FourBitLinear(nn.Linear):
         out = _DequantizingMatmul.apply(x.to(self.compute_dtype), self.weight, self.out_features, self.in_features)
         out = out + self.bias.to(out.dtype) if self.bias is not None else out
         return out.to(x.dtype)
+
+
+def _features(module: nn.Module) -> tuple[int, int]:
+    """(in, out) of an nn.Linear, or of a GPT-2-style Conv1D (weight stored (in, out)), as transformers'
+    `replace_with_bnb_linear` reads them before making a Linear4bit."""
+    if type(module).__name__ == "Conv1D":
+        return tuple(module.weight.shape)
+    return module.in_features, module.out_features
+
+
+def _quantizable(module: nn.Module) -> bool:
+    """What transformers' bitsandbytes integration converts: an nn.Linear itself, or transformers' Conv1D."""
+    if type(module) is nn.Linear:
+        return True
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:
+        return False
+    return isinstance(module, Conv1D)
 
 
 def modules_left_unquantized(model: nn.Module, skip_modules: list[str] | None) -> list[str]:
@@ -103,14 +122,14 @@ def _converted(full_name: str, left_out: list[str]) -> bool:
 
 
 def quantize_4bit(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool, left_out: list[str]) -> list[str]:
-    """Every nn.Linear that transformers' bitsandbytes integration would convert (not in `left_out`:
+    """Every nn.Linear or Conv1D that transformers' bitsandbytes integration would convert (not in `left_out`:
     `modules_left_unquantized`) replaced by a FourBitLinear, as the integration replaces them with Linear4bit; the
     names replaced."""
     replaced = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if type(child) is nn.Linear and _converted(full, left_out):
+            if _quantizable(child) and _converted(full, left_out):
                 setattr(module, child_name, FourBitLinear(child, compute_dtype, double_quant))
                 replaced.append(full)
     return replaced
