@@ -78,23 +78,24 @@ class FourBitLinear(nn.Linear):
         return out.to(x.dtype)
 
 
-def _features(module: nn.Module) -> tuple[int, int]:
-    """(in, out) of an nn.Linear, or of a GPT-2-style Conv1D (weight stored (in, out)), as transformers'
-    `replace_with_bnb_linear` reads them before making a Linear4bit."""
-    if type(module).__name__ == "Conv1D":
-        return tuple(module.weight.shape)
-    return module.in_features, module.out_features
-
-
-def _quantizable(module: nn.Module) -> bool:
-    """What transformers' bitsandbytes integration converts: an nn.Linear itself, or transformers' Conv1D."""
-    if type(module) is nn.Linear:
-        return True
+def _is_conv1d(module: nn.Module) -> bool:
+    """transformers' Conv1D (GPT-2's attention and MLP: weight stored (in, out))."""
     try:
         from transformers.pytorch_utils import Conv1D
     except ImportError:
         return False
     return isinstance(module, Conv1D)
+
+
+def _features(module: nn.Module) -> tuple[int, int]:
+    """(in, out) of an nn.Linear or a Conv1D, as transformers' `replace_with_bnb_linear` reads them before making a
+    Linear4bit."""
+    return tuple(module.weight.shape) if _is_conv1d(module) else (module.in_features, module.out_features)
+
+
+def _quantizable(module: nn.Module) -> bool:
+    """What transformers' bitsandbytes integration converts: an nn.Linear itself, or a Conv1D."""
+    return type(module) is nn.Linear or _is_conv1d(module)
 
 
 def modules_left_unquantized(model: nn.Module, skip_modules: list[str] | None) -> list[str]:
