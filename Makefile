@@ -78,15 +78,20 @@ demo: install
 
 # two workers (pytest-xdist); TEST_WORKERS=0 runs the suite in one process
 TEST_WORKERS ?= 2
+# The suite's processes (two workers, every kernel, torchrun rank and CLI run) import the workbench's and the tests'
+# modules again and again: compiled once into __pycache__ (git-ignored) rather than on every import, also where the
+# environment asks Python not to write bytecode (PYTHONDONTWRITEBYTECODE, set in some container images, this
+# project's machine's among them): test-fast 67-69 -> 61 s on 2 cores, measured side by side.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q
 
 test: install
 	$(PY) -m ruff check --quiet .
-	$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
+	$(PYTEST) $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 # the inner loop: unit, meta-device and header tests; no notebook run, torchrun, training or browser
 test-fast: install
 	$(PY) -m ruff check --quiet .
-	$(PY) -m pytest -q -m "not slow" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
+	$(PYTEST) -m "not slow" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 checks: install
 	$(PY) -m workbench checks
