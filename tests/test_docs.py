@@ -1,5 +1,6 @@
 """The README is a landing page; every page it and docs/ link to exists."""
 
+import json
 import re
 from pathlib import Path
 
@@ -32,9 +33,12 @@ def test_no_page_leans_on_words_a_newcomer_cannot_look_up():
 
 
 @pytest.mark.slow
-def test_the_readmes_python_snippet_runs_as_written(demo, capsys):
+def test_the_readmes_python_snippet_runs_as_written(demo, capsys, tmp_path, monkeypatch):
     snippet = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
     namespace: dict = {}
+    monkeypatch.chdir(tmp_path)  # as a user's folder: the findings it records go there, not into this checkout
     exec(snippet.replace("/path/to/adapter", str(demo.qwen_stage2)), namespace)  # noqa: S102 - our own README
     assert repr(namespace["grads"]) == "<GradFlowResult grad.flow: pass>"
     assert "grad.flow" in capsys.readouterr().out
+    sidecar = json.loads((tmp_path / "findings.04_forward_checks.json").read_text())
+    assert [(f["id"], f["verdict"]) for f in sidecar["findings"]] == [("grad.flow", "pass")]
