@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -36,3 +37,22 @@ def skip_slow_optional_imports() -> None:
     asks for it. jsonschema imports it inside `suppress(ImportError)`, so a None in sys.modules just leaves that
     format unchecked. For the CLI's own process; a user's JupyterLab is left alone."""
     sys.modules.setdefault("rfc3987_syntax", None)
+
+
+@contextlib.contextmanager
+def environment_as_found(variables: dict[str, str] | None = None):
+    """This process' environment with `variables` set for the block, then as it was: every variable the block set
+    or replaced is put back, those the stack sets on the way included. transformers 5.23's TrainingArguments
+    (training_args.py `_process_fsdp_args`) and accelerate 1.15's FSDP plugin (utils/dataclasses.py) write
+    FSDP_CPU_RAM_EFFICIENT_LOADING for the processes a launch would start; built to be read, they would otherwise
+    leave it in a kernel, a notebook's process or the caller's."""
+    before = dict(os.environ)
+    os.environ.update(variables or {})
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k not in before]:
+            del os.environ[key]
+        for key, value in before.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value

@@ -28,9 +28,14 @@ def sharded(folder, args, gpus=2, **options):
 @pytest.mark.slow  # two fake FSDP steps each (FSDP's first import alone is seconds): not in the fast tier
 def test_fsdp_shards_the_model_states_per_rank_and_keeps_the_activations_whole(tmp_path):
     """Healthy: over 4 ranks each holds a quarter of the weights and optimizer states it holds over 2 (the tiny
-    model's dimensions divide evenly), the activations are the same on each."""
+    model's dimensions divide evenly), the activations are the same on each. The plan leaves this process'
+    environment as it found it (accelerate's FSDP plugin writes FSDP_CPU_RAM_EFFICIENT_LOADING into it)."""
+    import os
+
     folder = tiny_qwen2(tmp_path / "m")
+    before = {k: v for k, v in os.environ.items() if k.startswith(("FSDP_", "ACCELERATE_"))}
     two, four = (sharded(folder, fsdp_args(tmp_path), gpus=n, seq=64, batch=4) for n in (2, 4))
+    assert {k: v for k, v in os.environ.items() if k.startswith(("FSDP_", "ACCELERATE_"))} == before
     assert two.breakdown["weights"] == 2 * four.breakdown["weights"] > 0
     # each state tensor's `step` counter is whole on every rank: a thousandth
     assert abs(two.breakdown["optimizer states"] - 2 * four.breakdown["optimizer states"]) <= 1e-3 * two.peak_bytes

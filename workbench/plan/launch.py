@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +84,9 @@ def _distributed_type(args) -> str:
 
 @contextlib.contextmanager
 def launched(environment: dict[str, str]):
-    """This process' environment as the launch gives it, restored after (keys it set, and keys it replaced)."""
-    before = {k: os.environ.get(k) for k in environment}
-    os.environ.update(environment)
-    try:
+    """This process' environment as the launch gives it, then as it was (`runtime.environment_as_found`: what the
+    stack sets on the way too)."""
+    from workbench.runtime import environment_as_found
+
+    with environment_as_found(environment):
         yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

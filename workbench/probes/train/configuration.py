@@ -183,13 +183,16 @@ def _version(package: str) -> str:
 
 def build_arguments(cls: type, fields: dict[str, Any], what: str) -> Any:
     """`cls(**fields)`, with an output_dir of our own when none is given (nothing is written there); the class's
-    own validation errors are the user's, in one line."""
+    own validation errors are the user's, in one line. The environment is left as found (an FSDP configuration's
+    arguments write FSDP_CPU_RAM_EFFICIENT_LOADING into it: `runtime.environment_as_found`)."""
+    from workbench.runtime import environment_as_found
+
     fields = dict(fields)
     fields.setdefault("output_dir", str(Path(tempfile.gettempdir()) / "workbench-trainer-output"))
     fields.setdefault("report_to", "none")
     fields.pop("tf32", None)
     try:
-        with gpu_configuration():
+        with gpu_configuration(), environment_as_found():
             return cls(**fields)
     except (ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
