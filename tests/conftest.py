@@ -50,15 +50,6 @@ def isolated_shared_model():
     LOADS.clear()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def kept_kernel_closed_at_the_end():
-    """The worker's kept kernel of the in-process diagnoses (tests/cli_in_process.py), shut down with the session."""
-    yield
-    from tests.cli_in_process import close_kept_kernel
-
-    close_kept_kernel()
-
-
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> DemoPaths:
     """The bundled demo, built once per test session into a temporary cache shared by the workers."""
