@@ -247,6 +247,10 @@ def shrunk_fields(config, vocab: int, keep_layer_kinds: bool = True) -> dict[str
             out[key] = _kv_heads(fields[key], fields.get("num_attention_heads"))
     if isinstance(fields.get("vocab_size"), int) and fields["vocab_size"] > vocab:
         out["vocab_size"] = vocab
+    # a decoder vocabulary of its own (Marian's `decoder_vocab_size`: the size of lm_head and final_logits_bias, and
+    # of the view its loss takes of the logits, modeling_marian.py) shrinks with it, or the head and the loss disagree
+    if isinstance(fields.get("decoder_vocab_size"), int) and fields["decoder_vocab_size"] > vocab:
+        out["decoder_vocab_size"] = vocab
     depth = next((fields[k] for k in LAYER_COUNTS if isinstance(fields.get(k), int)), None)
     new_depth = next((out[k] for k in LAYER_COUNTS if k in out), None)
     out.update(width_splits(fields, out))

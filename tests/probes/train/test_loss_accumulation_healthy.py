@@ -72,3 +72,23 @@ def test_an_offloaded_model_is_measured_on_its_tiny_twin(checkpoint, tmp_path, d
     result, verdicts = measured(model)
     assert verdicts == ["pass"], result.findings()[0].detail
     assert "tiny twin" in result.model_source and "offloaded" in result.model_source
+
+
+def test_a_marian_whose_config_names_its_decoder_vocabulary_is_measured_on_its_tiny_twin(tmp_path):
+    """Published Marian configs (Helsinki-NLP's opus-mt) state `decoder_vocab_size`, the size of the head and of the
+    view the loss takes of the logits: the twin shrinks it with `vocab_size` ("shape '[-1, 300]' is invalid" before,
+    on every QLoRA form of a held-out Marian)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    from workbench.probes.train.loss_accumulation import tiny_twin
+
+    config = MarianConfig(vocab_size=300, decoder_vocab_size=300, d_model=32, encoder_layers=1, decoder_layers=1,
+                          encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                          decoder_ffn_dim=64, pad_token_id=0, decoder_start_token_id=0, max_position_embeddings=64)
+    torch.manual_seed(0)
+    MarianMTModel(config).save_pretrained(tmp_path / "marian")
+    twin = tiny_twin(MarianMTModel.from_pretrained(tmp_path / "marian"))
+    assert twin.config.decoder_vocab_size == twin.config.vocab_size < 300
+    model = MarianMTModel.from_pretrained(tmp_path / "marian", device_map={"": "disk"}, offload_folder=str(tmp_path))
+    result, verdicts = measured(model)
+    assert "error" not in verdicts and "tiny twin" in result.model_source, result.findings()[0].detail
