@@ -51,8 +51,13 @@ def environment_as_found(variables: dict[str, str] | None = None):
     try:
         yield
     finally:
-        for key in [k for k in os.environ if k not in before]:
-            del os.environ[key]
-        for key, value in before.items():
-            if os.environ.get(key) != value:
-                os.environ[key] = value
+        restore_environment(before)
+
+
+def restore_environment(environment: dict[str, str]) -> None:
+    """This process' environment made exactly `environment`: variables it lacks removed, the others set."""
+    for name in [n for n in os.environ if n not in environment]:
+        del os.environ[name]
+    for name, value in environment.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value

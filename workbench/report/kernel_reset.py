@@ -62,9 +62,10 @@ def begin_next_diagnosis(notebooks: list[str], setup: str) -> bool:
     from workbench.model import shared
     from workbench.model.loading import LOADS
     from workbench.peak_memory import reset_peak_rss
+    from workbench.runtime import restore_environment
 
     LOADS.clear()
-    _restore_environment({**STARTING_ENVIRONMENT, shared.NOTEBOOKS_ENV: ",".join(notebooks)})
+    restore_environment({**STARTING_ENVIRONMENT, shared.NOTEBOOKS_ENV: ",".join(notebooks)})
     _forget_user_module(setup)
     random.seed()
     if "torch" in sys.modules:
@@ -73,14 +74,6 @@ def begin_next_diagnosis(notebooks: list[str], setup: str) -> bool:
         sys.modules["numpy"].random.seed()
     _free_the_model()
     return reset_peak_rss()
-
-
-def _restore_environment(environment: dict[str, str]) -> None:
-    for name in [n for n in os.environ if n not in environment]:
-        del os.environ[name]
-    for name, value in environment.items():
-        if os.environ.get(name) != value:
-            os.environ[name] = value
 
 
 def _forget_user_module(setup: str) -> None:
