@@ -79,20 +79,27 @@ def test_zero3_is_planned_as_fsdp_and_what_is_not_planned_is_one_line(tmp_path):
 def test_the_fake_fsdp_step_holds_what_a_real_torchrun_fsdp_step_holds(tmp_path):
     """One torchrun launch, 2 gloo ranks on the CPU, four set-ups measured in turn by the same tracker on real tensors
     (`workbench.plan.real_fsdp_step`), each step's own peak kept (`step_peaks`). The plan's peak is its second
-    step's (the first holds no optimizer state yet); where activations dominate (full, LoRA, LoRA +
-    checkpointing) it equals the real second step's peak category by category, within 1 % of it: the same code
-    and tracker on the same shapes, so 1 % is room for nothing but a shape detail. Where the model states
-    dominate (a 16k vocabulary, 1 × 8) the peak falls in backward at a moment that differs between the fake
-    collectives (which complete at once) and gloo's (whose reduce-scatter on the CPU stages more temporaries):
-    measured −7.3 % on every rank of every launch on a quiet machine (6 of 6), and once −13.6 % on one rank in a full
-    suite run (the real peak 2.1 MB higher: gloo's staging outlived by another moment of backward), held within
-    15 %. The weights and the optimizer states the steps leave, which depend on no
-    moment, are equal. The first step is held within 10 % (15 % for the model states, measured −10 %): on CI one
-    rank's LoRA first step once peaked above its second (its peak then held no optimizer state: at least the
-    states' 77,936 bytes, 1.6 %, above the plan's first step), which about 90 measurements here (12 launches,
-    loaded or not) never showed, equal to the plan each time. Where an activation-dominated first step is more
-    than 1 % away, the test warns with every step's breakdown (CI prints the warnings), so that a recurrence says
-    where its bytes were."""
+    step's (the first holds no optimizer state yet). The real run takes three steps: its second and third are the
+    same steady step measured twice, and it is held to the lower of them, because gloo's CPU collectives keep their
+    buffers until gloo's own threads finish with them, so on a loaded host a step's peak can include a buffer that a
+    quiet run frees a moment earlier: the timing adds, it never takes away. (A full suite run once failed the full
+    fine-tune's second step on one rank this way; three launches side by side on the 2 cores, 6 ranks, never
+    repeated it.) With PEFT and gradient checkpointing each step is 128 KiB above the one before in the real run and
+    in the plan alike: torch's tracker keeps the step's input-embedding output, made a leaf by
+    `enable_input_require_grads`, and its gradient (the same run without a tracker holds its resident memory flat
+    over 600 steps); the lower there is the second step.
+    Where activations dominate (full, LoRA, LoRA + checkpointing) the plan equals that real step's peak category by
+    category, within 1 % of it: the same code and tracker on the same shapes, so 1 % is room for nothing but a shape
+    detail. Where the model states dominate (a 16k vocabulary, 1 × 8) the peak falls in backward at a moment that
+    differs between the fake collectives (which complete at once) and gloo's (whose reduce-scatter on the CPU stages
+    more temporaries): measured −7.3 % on every rank of every launch on a quiet machine (9 of 9), and once −13.6 % on
+    one rank in a full suite run (the real peak 2.1 MB higher: gloo's staging outlived by another moment of
+    backward), held within 15 %. The weights and the optimizer states the steps leave, which depend on no moment,
+    are equal. The first step is held within 10 % (15 % for the model states, measured −10 %): on CI one rank's LoRA
+    first step once peaked above its second (its peak then held no optimizer state: at least the states' 77,936
+    bytes, 1.6 %, above the plan's first step), which about 90 measurements here (12 launches, loaded or not) never
+    showed, equal to the plan each time. Where an activation-dominated first step is more than 1 % away, the test
+    warns with every step's breakdown (CI prints the warnings), so that a recurrence says where its bytes were."""
     from workbench.distributed.launcher import launch_ranks
 
     folder, wide = tiny_qwen2(tmp_path / "m"), tiny_qwen2(tmp_path / "wide", vocab=16000)
@@ -116,7 +123,8 @@ def test_the_fake_fsdp_step_holds_what_a_real_torchrun_fsdp_step_holds(tmp_path)
         assert planned.phase == "backward (step 2)", (case["name"], planned.phase)
         for rank, result in run.results.items():
             real = result["sections"][case["name"]]
-            first, second = real["step_peaks"]
+            first, *steady = real["step_peaks"]
+            second = min(steady, key=lambda step: step["total"])
             where = (case["name"], rank, real["phases"], real["step_peaks"], planned.breakdown)
             assert real["breakdown"]["weights"] == planned.breakdown["weights"], where
             assert real["after_steps"]["optimizer states"] == planned.breakdown["optimizer states"] > 0, where

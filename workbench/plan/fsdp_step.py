@@ -26,6 +26,7 @@ from workbench.plan.depth import extended
 from workbench.plan.fake_model import describe_trainable, on_fake_storage
 from workbench.plan.fsdp import fake_process_group, shard_as_accelerate
 from workbench.plan.step import (
+    STEPS,
     StepMemory,
     build_model,
     fake_device,
@@ -59,17 +60,18 @@ def rank_bytes(model) -> tuple[int, int]:
     return sharded, replicated
 
 
-def tracked_sharded_steps(setup, model, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The Trainer's steps on a sharded model (fake or real tensors) and a batch, tracked by ShardedMemTracker as
-    torchtitan's estimator tracks them: {"tracker", "first" (the first step's peak), "replicated" (bytes of
-    parameters left whole: outside the tracker), "optimizer"}. The real runs the tests hold the plan to call it too."""
+def tracked_sharded_steps(setup, model, inputs: dict[str, torch.Tensor], steps: int = STEPS) -> dict[str, Any]:
+    """The Trainer's first `steps` steps on a sharded model (fake or real tensors) and a batch, tracked by
+    ShardedMemTracker as torchtitan's estimator tracks them: {"tracker", "first" (the first step's peak), "replicated"
+    (bytes of parameters left whole: outside the tracker), "optimizer"}. The real runs the tests hold the plan to call
+    it too."""
     model.train()
     optimizer, optimizer_name = trainer_optimizer(setup, model)
     device = next(iter(inputs.values())).device.type
     tracker = ShardedMemTracker(model, optimizer)
     tracker.track_inputs(tuple(inputs.values()))
     with tracker:
-        first = run_steps(setup, model, optimizer, inputs, tracker, device)
+        first = run_steps(setup, model, optimizer, inputs, tracker, device, steps)
     return {"tracker": tracker, "first": first, "replicated": rank_bytes(model)[1], "optimizer": optimizer_name}
 
 

@@ -1,9 +1,11 @@
 """The real FSDP step the sharded plan predicts, measured on each rank: under torchrun (gloo on the CPU), every rank
 builds the model from the same config with random weights (`step.build_model` on the CPU instead of the meta
 device), shards it by the same accelerate preparation (`fsdp.shard_as_accelerate`) over the real process group, and
-runs the same two steps under the same tracker (`fsdp_step.tracked_sharded_steps`) on real tensors. Each rank writes
-its tracked peak and breakdown, each step's own peak and what the steps leave held to `OUT/rank<N>.json`. Used by
-the tests to hold the fake-tensor plan to a real run.
+runs the same steps under the same tracker (`fsdp_step.tracked_sharded_steps`) on real tensors, one more than the
+plan's: the second and third are the same steady step (Adam's states exist), measured twice, since gloo's CPU
+collectives stage temporaries whose release follows its threads' timing. Each rank writes its tracked peak and
+breakdown, each step's own peak and what the steps leave held to `OUT/rank<N>.json`. Used by the tests to hold the
+fake-tensor plan to a real run.
 
     launch_ranks("workbench.plan.real_fsdp_step", ["--spec", SPEC_JSON, "--out", OUT], ranks=2, timeout=…, out_dir=OUT)
 
@@ -36,7 +38,7 @@ def measure(case: dict[str, Any], world_size: int) -> dict[str, Any]:
     from workbench.plan.fsdp import shard_as_accelerate
     from workbench.plan.fsdp_step import rank_bytes, sharded_breakdown, tracked_sharded_steps
     from workbench.plan.setup import plan_setup
-    from workbench.plan.step import build_model, prepare_as_the_trainer, training_batch
+    from workbench.plan.step import STEPS, build_model, prepare_as_the_trainer, training_batch
 
     setup = plan_setup(case["checkpoint"], training_args=case["training_args"], peft=case.get("peft"),
                        seq=case["seq"], batch=case["batch"], device="cpu", gpus=world_size)
@@ -48,7 +50,7 @@ def measure(case: dict[str, Any], world_size: int) -> dict[str, Any]:
     # a padded position, as a padding collator leaves one (the plan's default): with an all-ones mask on real
     # tensors the model would skip the 4D mask a fake tensor cannot show to be unneeded
     inputs["attention_mask"][:, -1] = 0
-    measured = tracked_sharded_steps(setup, model, inputs)
+    measured = tracked_sharded_steps(setup, model, inputs, steps=STEPS + 1)
     tracker = measured["tracker"]
     breakdown = sharded_breakdown(tracker, measured["replicated"])
     return {"peak_bytes": breakdown["total"], "breakdown": breakdown, "phase": tracker.peak_phase,

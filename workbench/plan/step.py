@@ -160,13 +160,13 @@ def prepare_as_the_trainer(setup, model) -> None:
         model.config.use_cache = bool(getattr(setup.args, "use_cache", False) and not setup.gradient_checkpointing)
 
 
-def run_steps(setup, model, optimizer, inputs, tracker, device: str) -> int:
-    """The Trainer's STEPS training steps under `tracker` (entered by the caller): the forward and the loss under
+def run_steps(setup, model, optimizer, inputs, tracker, device: str, steps: int = STEPS) -> int:
+    """The Trainer's first `steps` training steps under `tracker` (entered by the caller): the forward and the loss under
     the set-up's autocast, backward (through a GradScaler under fp16), the optimizer step, zero_grad; each phase
     marked. Returns the first step's peak."""
     scaler = torch.amp.GradScaler(device, enabled=setup.precision == "fp16")
     first = 0
-    for step in range(STEPS):
+    for step in range(steps):
         with _autocast(setup, device):
             loss = model(**inputs).loss / setup.args.gradient_accumulation_steps
         tracker.phase(f"forward (step {step + 1})")
@@ -179,7 +179,8 @@ def run_steps(setup, model, optimizer, inputs, tracker, device: str) -> int:
         optimizer.zero_grad(set_to_none=True)
         if step == 0:
             first = tracker.breakdown()["total"]
-            tracker.reset_mod_stats()  # per-module statistics are per iteration; the peak is kept
+        if step < steps - 1:
+            tracker.reset_mod_stats()  # per-module statistics are per iteration (the last step's kept); the peak is kept
     return first
 
 
