@@ -127,6 +127,7 @@ def run_census(setups: tuple[str, ...] = SETUPS, only: list[str] | None = None,
     an architecture that kills it. Checkpoints are built once, by the first set-up's worker, in `work`."""
     from workbench.architectures.checkpoints import build_tiny_checkpoint
     from workbench.architectures.model_types import architectures
+    from workbench.report.kernel_client import served_module
 
     work = Path(work or tempfile.mkdtemp(prefix="workbench-census-"))
     parent = work / "checkpoints"
@@ -145,8 +146,8 @@ def run_census(setups: tuple[str, ...] = SETUPS, only: list[str] | None = None,
     while pending:
         procs = {}
         for setup in pending:
-            command = [sys.executable, "-m", "workbench.architectures.census", setup, str(outs[setup]), str(parent),
-                       ",".join(only or [])]
+            command = [sys.executable, "-m", *served_module("workbench.architectures.census",
+                                                            [setup, str(outs[setup]), str(parent), ",".join(only or [])])]
             procs[setup] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL)
         for setup, proc in procs.items():

@@ -50,9 +50,13 @@ def backend_for(ranks: int) -> str:
 
 
 def torchrun_command(module: str, args: list[str], ranks: int, port: int) -> list[str]:
+    """torchrun running `python -m module args` on each rank; where a kernel server runs
+    (`workbench.report.kernel_server`), each rank is forked from it by its client, the stack already imported."""
+    from workbench.report.kernel_client import served_module
+
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(ranks),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", uuid.uuid4().hex[:12],
-            "--max-restarts", "0", "--monitor-interval", "0.5", "-m", module, *args]
+            "--max-restarts", "0", "--monitor-interval", "0.5", "-m", *served_module(module, args)]
 
 
 def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:

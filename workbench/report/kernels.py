@@ -14,13 +14,9 @@ import shutil
 from pathlib import Path
 from typing import IO
 
+from workbench.report.kernel_imports import WARM_UP
+
 KERNEL_NAME = "workbench"
-# sent the moment a kernel starts, before papermill connects: the stack's imports (~4 s on 2 cores) then overlap the
-# runner's own start-up (papermill, nbconvert) instead of following it. gc.freeze() then moves what the imports
-# created (it lives as long as the kernel) out of the cyclic collector's reach: each gc.collect() the probes run
-# when they free a model scans the objects made since, 0.08 s instead of 0.26 s on a tiny checkpoint
-WARM_UP = ("import torch, transformers, pandas, workbench.notebook\nfrom transformers import AutoConfig, PreTrainedModel\n"
-           "import gc\ngc.freeze()")
 
 
 class Kernel:
@@ -55,7 +51,7 @@ class Kernel:
         # the async manager nbclient itself would create: its client honours the cell timeout and notices a dead
         # kernel while waiting (a blocking client's waits do neither)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in discard()
-        km = AsyncKernelManager(kernel_name=self.name)
+        km = AsyncKernelManager(kernel_name=self.name, **served_kernel_specs(self.warm_up))
         run_sync(km.start_kernel)(stdout=self._log, stderr=self._log, env={**os.environ, **self.env},
                                   extra_arguments=["--IPKernelApp.log_level=ERROR"])
         self.km = km
@@ -247,3 +243,24 @@ def _plain(text: str) -> str:
     import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def served_kernel_specs(warm_up: bool) -> dict:
+    """The kernel manager's options where a kernel server runs (`workbench.report.kernel_server`, named by
+    WORKBENCH_KERNEL_SERVER) and the kernel would import what the server has imported: a spec manager whose
+    ipykernel command is the server's client instead. Empty otherwise (jupyter's own spec manager)."""
+    from workbench.report.kernel_server import SERVER_ENV
+
+    if not (warm_up and os.environ.get(SERVER_ENV)):
+        return {}
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    class ServedKernelSpecs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            spec = super().get_kernel_spec(kernel_name)
+            if "ipykernel_launcher" in spec.argv:
+                spec.argv[spec.argv.index("ipykernel_launcher")] = "workbench.report.kernel_client"
+            return spec
+
+    return {"kernel_spec_manager": ServedKernelSpecs()}
+

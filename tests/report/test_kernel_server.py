@@ -1,0 +1,150 @@
+"""Kernels forked from a kernel server (`workbench.report.kernel_server`): the kernel a forked child becomes is the
+one `ipykernel_launcher` starts, in the requester's folder, PYTHONPATH and streams, with the stack imported; the
+signals jupyter sends reach it; killing its client leaves no kernel behind; an environment the server cannot honour
+gets a kernel started as usual."""
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from workbench.report.kernel_server import RUN_TIME_VARIABLES, SERVER_ENV, refusal
+
+LOGGED = "from transformers.utils import logging as l\nl.get_logger('transformers').error('said-by-transformers')"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A server of this module's own, ready (its socket bound once its imports are done), in the environment the
+    test workers give their kernels and ranks."""
+    from workbench.runtime import quiet_and_offline
+
+    folder = tmp_path_factory.mktemp("server")
+    path, log = str(folder / "k.sock"), folder / "server.log"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SERVER_ENV, path)
+        patch.setenv("OMP_NUM_THREADS", "1")  # as the workers and the ranks they launch have them
+        patch.setenv("MKL_NUM_THREADS", "1")
+        quiet_and_offline()  # as the server sets them: the environment it serves is this one
+        with open(log, "wb") as out:
+            process = subprocess.Popen([sys.executable, "-m", "workbench.report.kernel_server", path],
+                                       stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        while not os.path.exists(path):
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.1)
+        process.log = log
+        yield process
+        process.terminate()
+        process.wait(timeout=30)
+    assert not os.path.exists(path)
+
+
+def started(tmp_path, env=None):
+    from jupyter_client.manager import KernelManager
+
+    from workbench.report.kernels import KERNEL_NAME, served_kernel_specs
+
+    log = open(tmp_path / "kernel.log", "ab")  # noqa: SIM115 - closed with the test's folder
+    km = KernelManager(kernel_name=KERNEL_NAME, **served_kernel_specs(True))
+    km.start_kernel(stdout=log, stderr=log, cwd=str(tmp_path), env={**os.environ, **(env or {})})
+    client = km.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=120)
+    return km, client
+
+
+def run(client, code, timeout=60):
+    out = []
+    reply = client.execute_interactive(code, timeout=timeout,
+                                       output_hook=lambda m: out.append(m["content"].get("text", "")))
+    return reply["content"], "".join(out)
+
+
+@pytest.mark.slow  # a server's imports, then kernels
+def test_a_forked_kernel_is_the_kernel_ipykernel_starts_with_the_stack_imported(tmp_path, server):
+    (tmp_path / "users_module.py").write_text("WHERE = 'the user folder'\n")
+    km, client = started(tmp_path, {"PYTHONPATH": str(tmp_path), "WORKBENCH_BATCH": "1"})
+    try:
+        content, out = run(client, "import os, sys\nprint(os.getppid(), os.getcwd(), 'torch' in sys.modules, "
+                                   "os.environ['WORKBENCH_BATCH'])\nimport users_module\nprint(users_module.WHERE)")
+        assert content["status"] == "ok", content
+        assert out.split() == [str(server.pid), str(tmp_path), "True", "1", "the", "user", "folder"], \
+            server.log.read_text()
+        # transformers' logger, made by the server's import, writes into the cell as in a kernel that imported it
+        content, out = run(client, LOGGED)
+        assert "said-by-transformers" in out
+        # an interrupt (jupyter's signal to the client's process group) reaches the kernel
+        sleeping = client.execute("import time\nprint('asleep', flush=True)\ntime.sleep(120)")
+        while "asleep" not in client.get_iopub_msg(timeout=30)["content"].get("text", ""):
+            pass
+        km.interrupt_kernel()
+        reply = client.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != sleeping:
+            reply = client.get_shell_msg(timeout=30)
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        kernel = int(run(client, "print(os.getpid())")[1])
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)  # SIGKILL to the client: the server kills its kernel
+    psutil.wait_procs([psutil.Process(kernel)] if psutil.pid_exists(kernel) else [], timeout=10)
+    assert not psutil.pid_exists(kernel) or psutil.Process(kernel).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.slow
+def test_an_environment_the_server_cannot_honour_gets_a_kernel_started_as_usual(tmp_path, server):
+    km, client = started(tmp_path, {"HF_HOME": str(tmp_path / "hub")})
+    try:
+        content, out = run(client, "import os, sys\nprint(os.getppid(), os.environ['HF_HOME'])\n" + LOGGED)
+        assert content["status"] == "ok", content
+        parent, hub = out.split()[:2]
+        assert int(parent) != server.pid and hub == str(tmp_path / "hub")
+        assert "said-by-transformers" in out
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_only_variables_read_at_run_time_may_differ():
+    base = {"HF_HOME": "/a", "WORKBENCH_BATCH": "1", "PYTHONPATH": "/x"}
+    assert refusal({**base, "WORKBENCH_BATCH": "0", "PYTHONPATH": "/y", "PYTEST_CURRENT_TEST": "t"}, base) is None
+    assert refusal({**base, "HF_HOME": "/b"}, base) == "the environment differs in HF_HOME"
+    assert refusal({k: v for k, v in base.items() if k != "HF_HOME"}, base) == "the environment differs in HF_HOME"
+    assert "HF_HOME" not in RUN_TIME_VARIABLES and "TMPDIR" not in RUN_TIME_VARIABLES
+    # a torchrun rank started from a notebook: torchrun's variables and the kernel's own for its processes
+    rank = {**base, "RANK": "1", "TORCHELASTIC_RUN_ID": "x", "TERM": "xterm-color", "MPLBACKEND": "agg"}
+    assert refusal(rank, base, imported={"torch"}) is None
+    assert refusal(rank, base, imported={"torch", "matplotlib"}) == "the environment differs in MPLBACKEND"
+    assert refusal({**base, "OMP_NUM_THREADS": "1"}, base) == "the environment differs in OMP_NUM_THREADS"
+
+
+RANK_MODULE = '''import json, os, sys
+imported_before = "transformers.trainer" in sys.modules
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(total)
+out = sys.argv[sys.argv.index("--out") + 1]
+with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
+    json.dump({"ppid": os.getppid(), "imported_before": imported_before, "total": total.item(),
+               "argv": sys.argv[1:], "unbuffered": sys.stdout.write_through}, f)
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_are_forked_from_the_server_and_talk_over_gloo(tmp_path, server, monkeypatch):
+    """Where a server runs, `launch_ranks` has torchrun start each rank through the server's client: the rank is
+    `python -m MODULE ARGS` (its argv, PYTHONUNBUFFERED's streams), forked with the stack imported, and the ranks
+    reduce over gloo as any two ranks do."""
+    from workbench.distributed.launcher import launch_ranks
+
+    (tmp_path / "served_rank.py").write_text(RANK_MODULE)
+    monkeypatch.chdir(tmp_path)  # rank_environment puts the working folder on PYTHONPATH
+    run = launch_ranks("served_rank", ["--out", str(tmp_path)], ranks=2, timeout=120, out_dir=tmp_path)
+    assert run.ok and sorted(run.results) == [0, 1], run.output_tail + server.log.read_text()
+    for result in run.results.values():
+        assert result == {"ppid": server.pid, "imported_before": True, "total": 3.0, "argv": ["--out", str(tmp_path)],
+                          "unbuffered": True}, server.log.read_text()
