@@ -29,6 +29,7 @@ os.environ["WORKBENCH_STRICT_CONTRACT"] = "1"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from tests import served_kernels  # noqa: E402
 from tests.shared_builds import built_once, shared_demo  # noqa: E402
 from workbench.demo.build import DemoPaths, DemoRecipes, build_demo_recipes  # noqa: E402
 from workbench.runtime import quiet_and_offline, skip_slow_optional_imports  # noqa: E402
@@ -203,8 +204,16 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """What collection imported (torch, transformers, every test module) lives as long as the worker: frozen out of
-    the cyclic collector's reach, so the gc.collect() that frees each test's model scans only what tests made."""
+    the cyclic collector's reach, so the gc.collect() that frees each test's model scans only what tests made.
+    A process that runs slow tests (notebooks end to end) starts its kernel server (tests/served_kernels.py)."""
     import gc
 
     gc.collect()
     gc.freeze()
+    runs_tests = os.environ.get("PYTEST_XDIST_WORKER") or not getattr(session.config.option, "numprocesses", None)
+    if runs_tests and any("slow" in item.keywords for item in session.items):
+        served_kernels.start()
+
+
+def pytest_unconfigure(config):
+    served_kernels.stop()

@@ -1,0 +1,72 @@
+"""One kernel server per test process (`workbench.report.kernel_server`): the diagnoses the slow tests run, in
+the worker or in a CLI subprocess, get kernels forked from it instead of kernels that import the stack again (about
+60 kernels a full run, ~4.7 s of CPU each). A kernel asked for in an environment the server cannot honour (a test
+that sets the Hub's cache, say) starts as usual; so does every kernel asked for before the server has imported.
+The server's log (what it forked, what it refused and why) is kept beside its socket while the session runs;
+`WORKBENCH_TEST_KERNEL_SERVER_LOG=DIR` keeps each worker's in DIR."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from workbench.report.kernel_server import SERVER_ENV
+
+_server: dict = {}
+
+
+def start() -> None:
+    """`WORKBENCH_TEST_KERNEL_SERVER=0 make test` runs the suite without one (every kernel and rank started as
+    usual)."""
+    if os.environ.get("WORKBENCH_TEST_KERNEL_SERVER") == "0":
+        return
+    folder = tempfile.mkdtemp(prefix="workbench-kernels-")
+    path = os.path.join(folder, "server.sock")
+    os.environ[SERVER_ENV] = path
+    log = open(os.path.join(folder, "server.log"), "wb")  # noqa: SIM115 - closed in stop()
+    process = subprocess.Popen([sys.executable, "-m", "workbench.report.kernel_server", path],
+                               stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    _server.update(process=process, folder=folder, log=log, env=dict(os.environ))
+
+
+def stop() -> None:
+    if not _server:
+        return
+    process = _server["process"]
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    _server["log"].close()
+    os.environ.pop(SERVER_ENV, None)
+    keep = os.environ.get("WORKBENCH_TEST_KERNEL_SERVER_LOG")  # a folder: each worker's server log kept there
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        shutil.copy(os.path.join(_server["folder"], "server.log"), os.path.join(keep, f"server-{os.getpid()}.log"))
+    shutil.rmtree(_server["folder"], ignore_errors=True)
+    _server.clear()
+
+
+def server_children(since: float, wait: float = 10.0) -> list:
+    """This worker's server's children started at `since` (a time.time()) or later and still running after
+    `wait` seconds: a launch that is over leaves none of its ranks. [] where no server runs."""
+    import psutil
+
+    if not _server:
+        return []
+    children = [p for p in psutil.Process(_server["process"].pid).children() if p.create_time() >= since - 1]
+    _, alive = psutil.wait_procs(children, timeout=wait)
+    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def would_fork(env: dict[str, str]) -> bool:
+    """Whether this worker's server forks a process asked for in `env` (it serves the worker's environment as it
+    was when the server started, with the settings `quiet_and_offline` makes, which the test workers have)."""
+    from workbench.report.kernel_server import refusal
+
+    return bool(_server) and refusal(env, _server["env"], imported=()) is None
