@@ -105,7 +105,7 @@ class KernelServer:
     def __init__(self, path: str) -> None:
         self.path = path
         self.base_env: dict[str, str] = {}
-        self.kernels: dict[int, socket.socket] = {}  # kernel pid -> its client's connection
+        self.kernels: dict[int, socket.socket | None] = {}  # child pid -> its client's connection (None: gone)
 
     def prepare(self) -> None:
         """The environment it serves, then the imports. The variables a diagnosis sets for its kernels (offline,
@@ -181,7 +181,8 @@ class KernelServer:
             self.selector.close()
             self.listener.close()
             for other in self.kernels.values():
-                other.close()
+                if other is not None:  # None: a kernel whose client went, not yet reaped
+                    other.close()
             conn.close()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
