@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.verdict_coverage import pytest_configure as configure_verdict_log
 from tests.verdict_coverage import (  # noqa: F401 - pytest hooks
-    pytest_configure,
     pytest_configure_node,
     pytest_sessionfinish,
     pytest_terminal_summary,
@@ -204,14 +204,19 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """What collection imported (torch, transformers, every test module) lives as long as the worker: frozen out of
-    the cyclic collector's reach, so the gc.collect() that frees each test's model scans only what tests made.
-    A process that runs slow tests (notebooks end to end) starts its kernel server (tests/served_kernels.py)."""
+    the cyclic collector's reach, so the gc.collect() that frees each test's model scans only what tests made."""
     import gc
 
     gc.collect()
     gc.freeze()
-    runs_tests = os.environ.get("PYTEST_XDIST_WORKER") or not getattr(session.config.option, "numprocesses", None)
-    if runs_tests and any("slow" in item.keywords for item in session.items):
+
+
+def pytest_configure(config):
+    """The verdict log's folder (tests/verdict_coverage.py); then, in a process that will run tests and not only the
+    fast tier, its kernel server (tests/served_kernels.py), started now so that its imports overlap collection."""
+    configure_verdict_log(config)
+    runs_tests = getattr(config, "workerinput", None) is not None or not getattr(config.option, "numprocesses", None)
+    if runs_tests and "not slow" not in (config.getoption("markexpr") or ""):
         served_kernels.start()
 
 
