@@ -36,6 +36,7 @@ def server(tmp_path_factory):
             assert process.poll() is None, log.read_text()
             time.sleep(0.1)
         process.log = log
+        assert os.stat(path).st_mode & 0o777 == 0o600  # only its own user may ask it to run code
         yield process
         process.terminate()
         process.wait(timeout=30)

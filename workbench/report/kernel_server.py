@@ -125,7 +125,11 @@ class KernelServer:
 
     def serve(self) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(self.path)
+        mask = os.umask(0o177)  # the socket made 0600: whoever may connect runs code as this user
+        try:
+            listener.bind(self.path)
+        finally:
+            os.umask(mask)
         listener.listen(64)
         self.listener = listener
         self.selector = selectors.DefaultSelector()
