@@ -149,3 +149,44 @@ def test_torchrun_ranks_are_forked_from_the_server_and_talk_over_gloo(tmp_path, 
     for result in run.results.values():
         assert result == {"ppid": server.pid, "imported_before": True, "total": 3.0, "argv": ["--out", str(tmp_path)],
                           "unbuffered": True}, server.log.read_text()
+
+
+@pytest.mark.slow
+def test_a_diagnosis_in_a_forked_kernel_reports_what_it_reports_in_a_fresh_one(tmp_path, server):
+    """The same diagnosis (`python -m workbench diagnose`, notebooks 00, 01 and 04 on a tiny GPT-2) with its kernel
+    forked from the server and started as usual: the same findings and the same text in every cell's output (digits
+    masked: timings, memory)."""
+    import json
+    import re
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=300, n_positions=64)).save_pretrained(
+        tmp_path / "tiny-gpt2")
+    forked_before = server.log.read_text().count("forked a kernel")
+    reports = {}
+    for name, address in (("forked", os.environ[SERVER_ENV]), ("fresh", "")):
+        result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", "tiny-gpt2", "--notebooks", "00", "01",
+                                 "04", "--reports-dir", name], capture_output=True, text=True, timeout=600,
+                                cwd=tmp_path, env={**os.environ, SERVER_ENV: address}, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stdout + result.stderr
+        reports[name] = next(p for p in (tmp_path / name).glob("*/*") if p.is_dir())
+    assert server.log.read_text().count("forked a kernel") == forked_before + 1
+
+    def masked(text):
+        return re.sub(r"\d+", "#", text)
+
+    def seen(report):
+        findings = json.loads((report / "findings.json").read_text())["findings"]
+        cells = []
+        for notebook in sorted(report.glob("*.ipynb")):
+            for cell in json.loads(notebook.read_text())["cells"]:
+                cells.append([masked(o.get("name", o["output_type"]) + "".join(o.get("text", "")))
+                              for o in cell.get("outputs", [])])
+        return sorted((f["id"], f["verdict"], masked(f["title"])) for f in findings), cells
+
+    forked, fresh = seen(reports["forked"]), seen(reports["fresh"])
+    assert forked[0] == fresh[0] and len(forked[0]) > 10
+    assert forked[1] == fresh[1]
