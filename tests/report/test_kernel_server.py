@@ -77,6 +77,16 @@ def test_a_forked_kernel_is_the_kernel_ipykernel_starts_with_the_stack_imported(
         # transformers' logger, made by the server's import, writes into the cell as in a kernel that imported it
         content, out = run(client, LOGGED)
         assert "said-by-transformers" in out
+        # sys.path and argv[0] as the kernel ipykernel_launcher starts in the same folder and PYTHONPATH has them
+        where = "import sys, json\nprint(json.dumps([sys.path, sys.argv[0]]))"
+        forked = run(client, where)[1]
+        fresh_km, fresh_client = started(tmp_path, {"PYTHONPATH": str(tmp_path), "WORKBENCH_BATCH": "1",
+                                                    SERVER_ENV: ""})
+        try:
+            assert run(fresh_client, where)[1] == forked
+        finally:
+            fresh_client.stop_channels()
+            fresh_km.shutdown_kernel(now=True)
         # an interrupt (jupyter's signal to the client's process group) reaches the kernel
         sleeping = client.execute("import time\nprint('asleep', flush=True)\ntime.sleep(120)")
         while "asleep" not in client.get_iopub_msg(timeout=30)["content"].get("text", ""):
@@ -130,7 +140,7 @@ dist.all_reduce(total)
 out = sys.argv[sys.argv.index("--out") + 1]
 with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
     json.dump({"ppid": os.getppid(), "imported_before": imported_before, "total": total.item(),
-               "argv": sys.argv[1:], "unbuffered": sys.stdout.write_through}, f)
+               "argv": sys.argv[1:], "unbuffered": sys.stdout.write_through, "first_path": sys.path[0]}, f)
 dist.destroy_process_group()
 '''
 
@@ -138,7 +148,8 @@ dist.destroy_process_group()
 @pytest.mark.slow
 def test_torchrun_ranks_are_forked_from_the_server_and_talk_over_gloo(tmp_path, server, monkeypatch):
     """Where a server runs, `launch_ranks` has torchrun start each rank through the server's client: the rank is
-    `python -m MODULE ARGS` (its argv, PYTHONUNBUFFERED's streams), forked with the stack imported, and the ranks
+    `python -m MODULE ARGS` (its argv, its working folder first on sys.path, PYTHONUNBUFFERED's streams), forked
+    with the stack imported, and the ranks
     reduce over gloo as any two ranks do."""
     from workbench.distributed.launcher import launch_ranks
 
@@ -148,7 +159,7 @@ def test_torchrun_ranks_are_forked_from_the_server_and_talk_over_gloo(tmp_path, 
     assert run.ok and sorted(run.results) == [0, 1], run.output_tail + server.log.read_text()
     for result in run.results.values():
         assert result == {"ppid": server.pid, "imported_before": True, "total": 3.0, "argv": ["--out", str(tmp_path)],
-                          "unbuffered": True}, server.log.read_text()
+                          "unbuffered": True, "first_path": str(tmp_path)}, server.log.read_text()
 
 
 @pytest.mark.slow

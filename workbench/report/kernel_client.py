@@ -32,9 +32,10 @@ def served_module(module: str, args: list[str]) -> list[str]:
 
 
 def start_as_usual(module: str | None, argv: list[str]) -> None:
-    if module:
-        os.execv(sys.executable, [sys.executable, "-m", module, *argv])
-    os.execv(sys.executable, [sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", *argv])
+    """This process becomes `python [its own interpreter options] -m MODULE ARGV` (ipykernel_launcher for a
+    kernel): the command it stands in for, the kernel spec's options (`-Xfrozen_modules=off`) kept."""
+    options = sys.orig_argv[1:sys.orig_argv.index("-m")] if "-m" in sys.orig_argv else []
+    os.execv(sys.executable, [sys.executable, *options, "-m", module or "ipykernel_launcher", *argv])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,15 +34,15 @@ from typing import Any
 SERVER_ENV = "WORKBENCH_KERNEL_SERVER"
 # variables a kernel's environment may hold other values of than the server's: read at run time, never when a
 # module is imported. The workbench's own (every WORKBENCH_* variable) are read by its functions; jupyter's,
-# pytest's, the shell's own bookkeeping and the terminal's size by nothing the kernel imports; torch's inductor reads its cache folder
-# at each use and writes it into the environment of a process that compiled once (torch 2.13
-# _inductor/runtime/cache_dir_utils.py); transformers reads FSDP's loading switch when it loads (5.23
+# pytest's, the shell's own bookkeeping and the terminal's size by nothing the kernel imports; torch's inductor
+# reads its cache folder at each use and writes it into the environment of a process that compiled once (torch
+# 2.13 _inductor/runtime/cache_dir_utils.py); transformers reads FSDP's loading switch when it loads (5.23
 # distributed/fsdp.py `is_fsdp_enabled`), and TrainingArguments and accelerate's FSDP plugin write it into the
 # environment that built them; Ray's client switch is Ray's, which the server does not import. PYTHONPATH is applied
 # to sys.path and PYTHONUNBUFFERED to the streams in the child, as Python applies them when it starts.
 RUN_TIME_VARIABLES = ("PYTHONPATH", "JPY_PARENT_PID", "JPY_SESSION_NAME", "PYTEST_CURRENT_TEST", "SHLVL", "_", "PWD",
-                      "OLDPWD", "COLUMNS", "LINES", "TORCHINDUCTOR_CACHE_DIR", "FSDP_CPU_RAM_EFFICIENT_LOADING", "ACCELERATE_USE_FSDP",
-                      "RAY_CLIENT_MODE", "PYTHONUNBUFFERED",
+                      "OLDPWD", "COLUMNS", "LINES", "TORCHINDUCTOR_CACHE_DIR", "FSDP_CPU_RAM_EFFICIENT_LOADING",
+                      "ACCELERATE_USE_FSDP", "RAY_CLIENT_MODE", "PYTHONUNBUFFERED",
                       # what torchrun gives each rank (torch 2.13 elastic/agent/server/local_elastic_agent.py), read
                       # by torch.distributed when the process group starts
                       "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -159,7 +159,9 @@ class KernelServer:
         except (OSError, ValueError):
             conn.close()
             return
-        if request is None or len(fds) != 3:
+        if request is None or len(fds) != 3 or not isinstance(request.get("env"), dict):
+            for fd in fds:
+                os.close(fd)
             conn.close()
             return
         why = refusal(request["env"], self.base_env)
@@ -252,10 +254,14 @@ def take_the_request(env: dict[str, str], cwd: str, base_env: dict[str, str]) ->
 
 
 def become_kernel(argv: list[str]) -> None:
-    """In the forked child: what `python -m ipykernel_launcher ARGV` would be, with the server's imports done."""
+    """In the forked child: what `python -m ipykernel_launcher ARGV` would be, with the server's imports done: its
+    argv, and its sys.path without the working folder (ipykernel_launcher takes it out; IPython's `init_path` puts
+    what it puts back)."""
+    import importlib.util
     import logging
 
-    sys.argv = ["ipykernel_launcher", *argv]
+    sys.argv = [importlib.util.find_spec("ipykernel_launcher").origin, *argv]
+    del sys.path[0]
     from ipykernel.kernelapp import IPKernelApp
 
     app = IPKernelApp.instance()
@@ -281,11 +287,11 @@ def run_module(module: str, argv: list[str]) -> None:
 
 
 def _set_python_path(before: str, after: str) -> None:
-    """`sys.path` as Python builds it from `after`'s PYTHONPATH instead of `before`'s: its entries follow the
-    script's folder (here the working folder, as `python -m` puts it)."""
+    """`sys.path` as `python -m` builds it in the working folder from `after`'s PYTHONPATH instead of the server's
+    folder and `before`'s: the working folder, then PYTHONPATH's entries, then the rest."""
     old = [os.path.abspath(p) for p in before.split(os.pathsep) if p]
     rest = [p for p in sys.path[1:] if p not in old]
-    sys.path[:] = ["", *(os.path.abspath(p) for p in after.split(os.pathsep) if p), *rest]
+    sys.path[:] = [os.getcwd(), *(os.path.abspath(p) for p in after.split(os.pathsep) if p), *rest]
 
 
 def _kill_group(pid: int) -> None:
