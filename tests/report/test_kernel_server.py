@@ -88,7 +88,9 @@ def test_a_forked_kernel_is_the_kernel_ipykernel_starts_with_the_stack_imported(
             fresh_client.stop_channels()
             fresh_km.shutdown_kernel(now=True)
         # an interrupt (jupyter's signal to the client's process group) reaches the kernel
-        sleeping = client.execute("import time\nprint('asleep', flush=True)\ntime.sleep(120)")
+        # stop_on_error=False: its KeyboardInterrupt must not have the kernel abort the requests sent after it
+        # (ipykernel drops what arrives in its abort window after a failed request that asked to stop on error)
+        sleeping = client.execute("import time\nprint('asleep', flush=True)\ntime.sleep(120)", stop_on_error=False)
         while "asleep" not in client.get_iopub_msg(timeout=30)["content"].get("text", ""):
             pass
         km.interrupt_kernel()
@@ -96,7 +98,9 @@ def test_a_forked_kernel_is_the_kernel_ipykernel_starts_with_the_stack_imported(
         while reply["parent_header"].get("msg_id") != sleeping:
             reply = client.get_shell_msg(timeout=30)
         assert reply["content"]["ename"] == "KeyboardInterrupt"
-        kernel = int(run(client, "print(os.getpid())")[1])
+        content, out = run(client, "print(os.getpid())")
+        assert content["status"] == "ok", content
+        kernel = int(out)
     finally:
         client.stop_channels()
         km.shutdown_kernel(now=True)  # SIGKILL to the client: the server kills its kernel
