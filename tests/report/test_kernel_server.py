@@ -133,6 +133,11 @@ def test_only_variables_read_at_run_time_may_differ():
     assert refusal(rank, base, imported={"torch"}) is None
     assert refusal(rank, base, imported={"torch", "matplotlib"}) == "the environment differs in MPLBACKEND"
     assert refusal({**base, "OMP_NUM_THREADS": "1"}, base) == "the environment differs in OMP_NUM_THREADS"
+    # a sweep member's kernel started in a Ray worker: what Ray and its raylet give the worker
+    worker = {**base, "RAY_JOB_ID": "01000000", "RAY_RAYLET_PID": "7", "SPT_NOENV": "1",
+              "PYTHONBREAKPOINT": "ray.util.rpdb.set_trace"}
+    assert refusal(worker, base, imported={"torch"}) is None
+    assert refusal(worker, base, imported={"torch", "ray"}) == "the environment differs in RAY_JOB_ID, RAY_RAYLET_PID, SPT_NOENV"
 
 
 RANK_MODULE = '''import json, os, sys

@@ -47,13 +47,19 @@ RUN_TIME_VARIABLES = ("PYTHONPATH", "JPY_PARENT_PID", "JPY_SESSION_NAME", "PYTES
                       # by torch.distributed when the process group starts
                       "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                       "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                      "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+                      "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                      # the default sys.breakpointhook reads it at each breakpoint() (Python's docs); Ray sets it in
+                      # its workers (ray 2.x _private/worker.py `connect`)
+                      "PYTHONBREAKPOINT")
 RUN_TIME_PREFIXES = ("WORKBENCH_", "TORCHELASTIC_")
 # what a kernel sets for the processes it starts (ipykernel 7.4 `ZMQInteractiveShell.init_environment`: a rank that a
 # notebook's torchrun starts inherits them): the terminal, pager and colour switches, read by programs at run time,
-# and two read when their module is imported, free to differ where the server has not imported that module
+# and two read when their module is imported, free to differ where the server has not imported that module. Ray's
+# own variables, and SPT_NOENV that its raylet gives its workers for the process title, are read by Ray's modules
+# alone: a sweep member's kernel, started in a Ray worker, differs from the server in those.
 KERNEL_VARIABLES = ("TERM", "CLICOLOR", "CLICOLOR_FORCE", "FORCE_COLOR", "PAGER", "GIT_PAGER")
-READ_ON_IMPORT_OF = {"MPLBACKEND": "matplotlib", "PYDEVD_USE_FRAME_EVAL": "_pydevd_bundle"}
+READ_ON_IMPORT_OF = {"MPLBACKEND": "matplotlib", "PYDEVD_USE_FRAME_EVAL": "_pydevd_bundle", "SPT_NOENV": "ray"}
+PREFIXES_READ_ON_IMPORT_OF = {"RAY_": "ray"}
 _HEADER = struct.Struct("!I")
 
 
@@ -64,7 +70,9 @@ def refusal(env: dict[str, str], base: dict[str, str], imported=None) -> str | N
 
     def read_at_run_time(name: str) -> bool:
         return (name in RUN_TIME_VARIABLES or name.startswith(RUN_TIME_PREFIXES) or name in KERNEL_VARIABLES
-                or name in READ_ON_IMPORT_OF and READ_ON_IMPORT_OF[name] not in imported)
+                or name in READ_ON_IMPORT_OF and READ_ON_IMPORT_OF[name] not in imported
+                or any(name.startswith(prefix) and module not in imported
+                       for prefix, module in PREFIXES_READ_ON_IMPORT_OF.items()))
 
     differing = sorted(k for k in set(env) | set(base) if env.get(k) != base.get(k) and not read_at_run_time(k))
     return f"the environment differs in {', '.join(differing)}" if differing else None
