@@ -265,7 +265,10 @@ def _launch_once(module: str, args: list[str], *, ranks: int, timeout: float, ou
                 if time.monotonic() - start > timeout:
                     timed_out = True
                     break
-                time.sleep(0.25)
+                try:  # back at once when torchrun exits, else in a quarter of a second to note new ranks
+                    proc.wait(timeout=0.25)
+                except subprocess.TimeoutExpired:
+                    pass
         finally:  # a timeout, or the caller interrupted: nothing of ours stays behind
             if proc.poll() is None or any(_alive(p) for p in seen.values()):
                 killed = terminate_tree(proc, seen)
