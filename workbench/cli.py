@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import errno
 import json
+import logging
 import os
 import sys
 import traceback
@@ -321,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
+        # the interrupted cell's task (nbclient's async_execute_cell) ends with DeadKernelError once its kernel is
+        # stopped, and nothing awaits it any more: asyncio would print that traceback as the process exits
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         print("interrupted: no report was completed (a partial one, if any, is a hidden .partial folder)",
               file=sys.stderr)
         return 130

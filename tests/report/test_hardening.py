@@ -155,6 +155,41 @@ def test_an_interrupted_run_leaves_no_report_that_looks_whole(demo, tmp_path, mo
 
 
 @pytest.mark.slow
+def test_ctrl_c_in_a_running_cell_is_one_line_and_leaves_no_kernel(demo, tmp_path):
+    """Ctrl-C while a notebook's cell runs (the user's set-up, hanging): exit 130 and the one line, no traceback
+    (the interrupted cell's task, left to asyncio, printed DeadKernelError's as the process exited), no kernel left,
+    no report that looks whole."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from tests import served_kernels
+
+    started = time.time()
+    (tmp_path / "recipe.py").write_text("import time\nfrom pathlib import Path\n\n\ndef load(checkpoint, **options):\n"
+                                        "    Path('loading').touch()\n    time.sleep(600)\n")
+    process = subprocess.Popen([sys.executable, "-m", "workbench", "diagnose", str(demo.llama), "--setup",
+                                "recipe:load", "--notebooks", "01", "--reports-dir", str(tmp_path / "r")],
+                               cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    while not (tmp_path / "loading").exists():  # the cell runs, in the user's set-up
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.1)
+    processes = psutil.Process(process.pid).children(recursive=True)  # the kernel, or the client standing for it
+    os.kill(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert stderr.strip() == "interrupted: no report was completed (a partial one, if any, is a hidden .partial folder)"
+    _, alive = psutil.wait_procs(processes, timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+    assert served_kernels.server_children(since=started) == []
+    assert not list((tmp_path / "r").rglob("findings.json"))
+
+
+@pytest.mark.slow
 def test_a_cell_that_hangs_is_stopped_and_the_next_notebook_runs(demo, tmp_path, contract_notebook):
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
