@@ -401,7 +401,14 @@ def scaling_rows(rows: list, workdir: Path, repeats: int, sizes: list[str] | Non
                      "process", stats([r["seconds"] for r in runs]), stats([r["seconds"] for r in naive]),
                      f"{ratio:.1f}× the load + forward",
                      f"{report['cost']['model_loads']} model load(s), {report['cost']['kernels_started']} kernel; "
-                     f"peak anonymous RSS of one process {sampled['anon_one'] / size:.2f}× the checkpoint; goal ≤ 2× (issue 38)"))
+                     f"peak anonymous RSS of one process {sampled['anon_one'] / size:.2f}× the checkpoint; "
+                     f"slowest steps (last run): {slowest_steps(report['cost'])}; goal ≤ 2× (issue 38)"))
+
+
+def slowest_steps(cost: dict, n: int = 4) -> str:
+    """The report's `n` slowest probe steps, "notebook/step seconds" each (its cost block's `steps`)."""
+    steps = sorted(cost.get("steps") or [], key=lambda s: -s["seconds"])[:n]
+    return ", ".join(f"{s['notebook'][:2]}/{s['step']} {s['seconds']:.1f} s" for s in steps) or "not recorded"
 
 
 def memory_of_a_diagnosis(workdir: Path) -> dict:

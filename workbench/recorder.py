@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -85,6 +86,7 @@ class FindingsRecorder(Displayable):
         # which the diagnosis reads (report.diagnosis.declared_checks)
         self.validates_ids = notebook in {nb.name for nb in NOTEBOOKS}
         self.cost: dict[str, Any] = {}  # what the notebook cost (loads, memory), written beside the findings
+        self.step_seconds: dict[str, dict[str, Any]] = {}  # step -> its checks and seconds, in the order they ran
         self.environment: dict[str, Any] | None = None  # the software the notebook ran with, read on first save
         self._changed()
 
@@ -137,6 +139,15 @@ class FindingsRecorder(Displayable):
                         {"depends_on": dep.step, "depends_on_checks": list(dep.checks)}, "Fix the step it depends on.")
                 for c in checks])
             return Failed(step, msg, checks=checks)
+        started = time.perf_counter()
+        try:
+            return self._call(func, args, kwargs, step, declared, checks)
+        finally:  # the step's own time, the probe and the judgment of its result (a re-run replaces it)
+            self.step_seconds[step] = {"step": step, "checks": list(checks),
+                                       "seconds": round(time.perf_counter() - started, 3)}
+
+    def _call(self, func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], step: str,
+              declared: tuple[str, ...] | None, checks: tuple[str, ...]) -> Any:
         try:
             result = func(*args, **kwargs)
         except NotApplicable as exc:
@@ -177,6 +188,7 @@ class FindingsRecorder(Displayable):
 
             self.environment = environment_facts()  # the kernel's: the report runner's process imports no torch
         write_json_atomic(self.path, {"notebook": self.notebook, "cost": self.cost, "environment": self.environment,
+                                      "steps": list(self.step_seconds.values()),
                                       "findings": [f.to_dict() for f in sort_findings(self.findings)]})
 
     def view(self):

@@ -104,6 +104,13 @@ def test_one_kernel_ran_everything_and_the_report_says_what_it_cost(report, demo
     assert cost["model_loads"] == len(cost["loads"]) and cost["peak_rss_bytes"] > 0
     assert all(load["why"] for load in cost["loads"]), cost["loads"]  # each load says why it was made
     assert set(cost["notebook_seconds"]) == {n["name"] for n in report["notebooks"]}
+    # each probe step timed, inside the time of the notebook it ran in; its name and checks are the catalog's
+    for name, seconds in cost["notebook_seconds"].items():
+        steps = [s for s in cost["steps"] if s["notebook"] == name]
+        catalog = {step.name: step.reports for step in notebook(name).steps}
+        assert steps and all(s["step"] in catalog and tuple(s["checks"]) == catalog[s["step"]] for s in steps), name
+        assert 0 <= sum(s["seconds"] for s in steps) <= seconds, (name, steps, seconds)
+    assert "The slowest probe steps" in page(demo_report, "index.html")
     output = demo_report.result.stdout + demo_report.result.stderr
     assert "IPKernelApp" not in output and (demo_report.folder / "kernel.log").exists()
 

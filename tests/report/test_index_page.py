@@ -52,3 +52,21 @@ def test_the_cost_lists_each_load_with_why_it_was_made(tmp_path):
     assert "peft.attributes: the raw model the wrapping chain walks" in render_index(report)
     del report["cost"]
     assert "model loads" not in index_view(report).text()
+
+
+def test_the_cost_names_the_slowest_probe_steps_first(tmp_path):
+    from workbench.report.index_page import SLOWEST_STEPS
+
+    report = findings_json({"checkpoint": str(Path(tmp_path) / "model"), "quant": "none", "gpus": 0})
+    steps = [{"notebook": "04_forward_checks", "step": f"step{i}", "checks": [f"check.{i}"], "seconds": i / 10}
+             for i in range(SLOWEST_STEPS + 3)]
+    steps.append({"notebook": "01_dtype_distribution", "step": "quantized", "checks": [], "seconds": 0.05})
+    report["cost"] = {"model_loads": 1, "kernels_started": 1, "seconds": 9.5, "peak_rss_bytes": None, "loads": [],
+                      "steps": steps}
+    cost = index_view(report).text().split("Cost", 1)[1]
+    assert f"The slowest probe steps (of {len(steps)})" in cost
+    shown = [f"step{i}" for i in range(len(steps) - 1) if f"step{i} " in cost or f"step{i}\n" in cost]
+    assert shown == [f"step{i}" for i in range(3, SLOWEST_STEPS + 3)]  # the eight slowest, the slowest first
+    assert cost.index(f"step{SLOWEST_STEPS + 2}") < cost.index("step3")
+    report["cost"]["steps"] = [{"seconds": "x"}, "not a step"]  # another writer's block: nothing to list, no crash
+    assert "slowest probe steps" not in index_view(report).text()

@@ -32,8 +32,12 @@ def _notebooks_table(runs: list[dict[str, Any]]) -> Table:
     return Table(["status", "report", "time", "executed", "error"], rows, css_class="")
 
 
+SLOWEST_STEPS = 8  # the cost section's table of probe steps
+
+
 def _cost(report: dict[str, Any]) -> Display:
-    """What the diagnosis cost: full model loads (and where), kernels, seconds, peak memory of the kernel."""
+    """What the diagnosis cost: full model loads (and where), kernels, seconds, peak memory of the kernel, the
+    slowest probe steps."""
     cost = report.get("cost")
     if not cost:
         return Display()
@@ -49,6 +53,11 @@ def _cost(report: dict[str, Any]) -> Display:
                         f"{sweep['attempts']} attempt(s)" + "".join(f"; attempt {a['attempt']} lost: {a['lost']}"
                                                                    for a in sweep.get("lost_attempts", []))) \
         if sweep else None
+    steps = sorted((s for s in cost.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float))),
+                   key=lambda s: -s["seconds"])[:SLOWEST_STEPS]
+    slowest = Table(["notebook", "step", "checks", "seconds"],
+                    [[s.get("notebook", "?"), s.get("step", "?"), ", ".join(s.get("checks") or []) or "(shown only)",
+                      f"{s['seconds']:.2f}"] for s in steps], left=True) if steps else Display()
     return Display(Heading("Cost", level=2), retried, Paragraph(
         f"{cost['model_loads']} model loads"
         + (f" ({', '.join(f'{n} in {nb}' for nb, n in sorted(where.items()))})" if where else "")
@@ -56,7 +65,8 @@ def _cost(report: dict[str, Any]) -> Display:
            + (f", and {cost['kernels_started']} kernel(s) started" if cost["kernels_started"] else "")
            if cost.get("kernel_kept") else f" · {cost['kernels_started']} kernel(s)")
         + f" · {cost['seconds']:.1f} s of notebooks"
-        + (f" · peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "")), why)
+        + (f" · peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "")), why,
+        Paragraph(f"The slowest probe steps (of {len(cost['steps'])}):") if steps else None, slowest)
 
 
 def index_view(report: dict[str, Any], lead: Display | None = None) -> Display:

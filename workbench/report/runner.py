@@ -358,16 +358,19 @@ class PapermillExecution:
 
 def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int, kernel_kept: bool = False) -> dict[str, Any]:
     """The optional `cost` block of findings.json: full model loads, kernels started (0 with `kernel_kept`: the
-    kernel of an earlier diagnosis, reset), seconds per notebook, peak memory."""
+    kernel of an earlier diagnosis, reset), seconds per notebook and per probe step (its checks), peak memory."""
     loads: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
     peak = 0
     for run in runs:
-        cost = read_sidecar(folder, run.name).get("cost") or {}
+        sidecar = read_sidecar(folder, run.name)
+        cost = sidecar.get("cost") or {}
         loads += [{"notebook": run.name, **load} for load in cost.get("model_loads", [])]
+        steps += [{"notebook": run.name, **step} for step in sidecar.get("steps") or [] if isinstance(step, dict)]
         peak = max(peak, int(cost.get("peak_rss_bytes") or 0))
     return {"model_loads": len(loads), "loads": loads, "kernels_started": kernels, "kernel_kept": kernel_kept,
             "seconds": round(sum(r.seconds for r in runs), 2),
-            "notebook_seconds": {r.name: r.seconds for r in runs}, "peak_rss_bytes": peak or None}
+            "notebook_seconds": {r.name: r.seconds for r in runs}, "steps": steps, "peak_rss_bytes": peak or None}
 
 
 def kernel_environment(folder: Path, runs: list[NotebookRun]) -> dict[str, Any] | None:
