@@ -122,3 +122,31 @@ def test_every_step_says_whether_the_callback_runs_it():
     for nb in NOTEBOOKS:
         for step in nb.steps:
             assert step.live is True or (isinstance(step.live, str) and len(step.live) > 20), (nb.name, step.name)
+
+
+def test_each_step_that_runs_is_timed_in_the_sidecar_and_a_rerun_replaces_its_time(tmp_path, production, monkeypatch):
+    import itertools
+    import json
+
+    from workbench.errors import NotApplicable
+
+    clock = itertools.count(0.0, 0.25)  # each reading a quarter second after the one before
+    monkeypatch.setattr("workbench.recorder.time.perf_counter", lambda: next(clock))
+    rec = recorder(tmp_path)
+
+    def crashes():
+        raise RuntimeError("boom")
+
+    def does_not_apply():
+        raise NotApplicable("no fp16 here")
+
+    rec.run(lambda: judged(("train.fp16", "pass")), checks=("train.fp16",), step="fp16")
+    failed = rec.run(crashes, checks=("train.fsdp_units",), step="fsdp_units")
+    rec.run(lambda: judged(("train.fp16", "fail")), checks=("train.fp16",), step="fp16")  # the cell run again
+    rec.run(does_not_apply, checks=("train.loss_accumulation",), step="loss_accumulation")
+    rec.run(lambda _: None, failed, checks=("train.ddp_checkpointing",), step="ddp")  # its input failed: not run
+    rec.save()
+    steps = json.loads((tmp_path / "findings.json").read_text())["steps"]
+    assert steps == [{"step": "fp16", "checks": ["train.fp16"], "seconds": 0.25},
+                     {"step": "fsdp_units", "checks": ["train.fsdp_units"], "seconds": 0.25},
+                     {"step": "loss_accumulation", "checks": ["train.loss_accumulation"], "seconds": 0.25}]
