@@ -3,10 +3,19 @@ tests: `--setup data_setups:FUNCTION`; pytest puts tests/, the folder of conftes
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import tempfile
 
 import torch
+
+
+def _output_dir(prefix: str) -> str:
+    """The Trainer's output_dir (these set-ups never save into it), removed when the process exits."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def _rows(data):
@@ -21,7 +30,7 @@ def _trainer(checkpoint, tokenizer, rows, collator):
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     dataset = Dataset.from_list([{"input_ids": list(tokenizer.apply_chat_template(
         r["messages"], tokenize=True, return_dict=True)["input_ids"])} for r in rows])
-    args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="data-setup-"), report_to=[], use_cpu=True,
+    args = TrainingArguments(output_dir=_output_dir("data-setup-"), report_to=[], use_cpu=True,
                              per_device_train_batch_size=4)
     return Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
 
@@ -82,7 +91,7 @@ def sft_trainer(checkpoint, data=None, **_):
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    args = SFTConfig(output_dir=tempfile.mkdtemp(prefix="data-sft-"), report_to=[], use_cpu=True, bf16=False,
+    args = SFTConfig(output_dir=_output_dir("data-sft-"), report_to=[], use_cpu=True, bf16=False,
                      max_length=48, per_device_train_batch_size=4)
     return SFTTrainer(model=model, args=args, processing_class=tokenizer,
                       train_dataset=load_dataset("json", data_files=str(data), split="train"))

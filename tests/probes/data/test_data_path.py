@@ -177,11 +177,11 @@ def test_unreadable_rows_are_named(tmp_path):
         open_source(bad)
 
 
-def test_the_panel_runs_the_data_path(demo, chat_data):
+def test_the_panel_runs_the_data_path(demo, chat_data, tmp_path):
     from workbench.interactive.panel import GROUPS, PanelSession
 
     assert "Data path" in GROUPS  # ticked by default: without data it only says skip
-    session = PanelSession()
+    session = PanelSession(tmp_path)
     target = session.validate(str(demo.llama), data=str(chat_data))
     findings = {f.id: f.verdict for f in session.run(target, {"Data path"})}
     assert findings == {"data.labels": "info", "data.eos": "pass", "data.truncation": "pass", "data.template": "pass",

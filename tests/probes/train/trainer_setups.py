@@ -3,15 +3,24 @@ this folder on sys.path): the fault planted the way users plant it, and its heal
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 
 import torch
 
 
+def _output_dir(prefix: str) -> str:
+    """The Trainer's output_dir (these set-ups never save into it), removed when the process exits."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def _trainer(model, **fields):
     from transformers import Trainer, TrainingArguments
 
-    args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="trainer-setup-"), report_to="none", use_cpu=True,
+    args = TrainingArguments(output_dir=_output_dir("trainer-setup-"), report_to="none", use_cpu=True,
                              per_device_train_batch_size=2, **fields)
     return Trainer(model=model, args=args)
 
