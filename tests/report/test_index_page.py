@@ -60,13 +60,16 @@ def test_the_cost_names_the_slowest_probe_steps_first(tmp_path):
     report = findings_json({"checkpoint": str(Path(tmp_path) / "model"), "quant": "none", "gpus": 0})
     steps = [{"notebook": "04_forward_checks", "step": f"step{i}", "checks": [f"check.{i}"], "seconds": i / 10}
              for i in range(SLOWEST_STEPS + 3)]
-    steps.append({"notebook": "01_dtype_distribution", "step": "quantized", "checks": [], "seconds": 0.05})
     report["cost"] = {"model_loads": 1, "kernels_started": 1, "seconds": 9.5, "peak_rss_bytes": None, "loads": [],
                       "steps": steps}
     cost = index_view(report).text().split("Cost", 1)[1]
     assert f"The slowest probe steps (of {len(steps)})" in cost
-    shown = [f"step{i}" for i in range(len(steps) - 1) if f"step{i} " in cost or f"step{i}\n" in cost]
+    shown = [f"step{i}" for i in range(len(steps)) if f"step{i} " in cost or f"step{i}\n" in cost]
     assert shown == [f"step{i}" for i in range(3, SLOWEST_STEPS + 3)]  # the eight slowest, the slowest first
     assert cost.index(f"step{SLOWEST_STEPS + 2}") < cost.index("step3")
-    report["cost"]["steps"] = [{"seconds": "x"}, "not a step"]  # another writer's block: nothing to list, no crash
-    assert "slowest probe steps" not in index_view(report).text()
+    # a step that declares no check (its result judged by a later step)
+    report["cost"]["steps"] = [{"notebook": "01_dtype_distribution", "step": "quantized", "checks": [], "seconds": 0.9}]
+    assert "none declared" in index_view(report).text().split("Cost", 1)[1]
+    for malformed in ([{"seconds": "x"}, "not a step"], {"step": "x"}, 7):  # another writer's block: no crash
+        report["cost"]["steps"] = malformed
+        assert "slowest probe steps" not in index_view(report).text()

@@ -53,10 +53,12 @@ def _cost(report: dict[str, Any]) -> Display:
                         f"{sweep['attempts']} attempt(s)" + "".join(f"; attempt {a['attempt']} lost: {a['lost']}"
                                                                    for a in sweep.get("lost_attempts", []))) \
         if sweep else None
-    steps = sorted((s for s in cost.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float))),
-                   key=lambda s: -s["seconds"])[:SLOWEST_STEPS]
+    timed = [s for s in cost.get("steps") if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float))] \
+        if isinstance(cost.get("steps"), list) else []
+    steps = sorted(timed, key=lambda s: -s["seconds"])[:SLOWEST_STEPS]
+    # a step that declares no check shows a result a later step judges (03's wrapping chain, 01's quantized census)
     slowest = Table(["notebook", "step", "checks", "seconds"],
-                    [[s.get("notebook", "?"), s.get("step", "?"), ", ".join(s.get("checks") or []) or "(shown only)",
+                    [[s.get("notebook", "?"), s.get("step", "?"), ", ".join(s.get("checks") or []) or "none declared",
                       f"{s['seconds']:.2f}"] for s in steps], left=True) if steps else Display()
     return Display(Heading("Cost", level=2), retried, Paragraph(
         f"{cost['model_loads']} model loads"
@@ -66,7 +68,7 @@ def _cost(report: dict[str, Any]) -> Display:
            if cost.get("kernel_kept") else f" · {cost['kernels_started']} kernel(s)")
         + f" · {cost['seconds']:.1f} s of notebooks"
         + (f" · peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "")), why,
-        Paragraph(f"The slowest probe steps (of {len(cost['steps'])}):") if steps else None, slowest)
+        Paragraph(f"The slowest probe steps (of {len(timed)}):") if steps else None, slowest)
 
 
 def index_view(report: dict[str, Any], lead: Display | None = None) -> Display:

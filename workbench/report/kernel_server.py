@@ -54,7 +54,7 @@ RUN_TIME_VARIABLES = ("PYTHONPATH", "JPY_PARENT_PID", "JPY_SESSION_NAME", "PYTES
 RUN_TIME_PREFIXES = ("WORKBENCH_", "TORCHELASTIC_")
 # what a kernel sets for the processes it starts (ipykernel 7.4 `ZMQInteractiveShell.init_environment`: a rank that a
 # notebook's torchrun starts inherits them): the terminal, pager and colour switches, read by programs at run time,
-# and two read when their module is imported, free to differ where the server has not imported that module. Ray's
+# and some read when their module is imported, free to differ where the server has not imported that module. Ray's
 # own variables, and SPT_NOENV that its raylet gives its workers for the process title, are read by Ray's modules
 # alone: a sweep member's kernel, started in a Ray worker, differs from the server in those.
 KERNEL_VARIABLES = ("TERM", "CLICOLOR", "CLICOLOR_FORCE", "FORCE_COLOR", "PAGER", "GIT_PAGER")

@@ -366,7 +366,8 @@ def diagnosis_cost(folder: Path, runs: list[NotebookRun], kernels: int, kernel_k
         sidecar = read_sidecar(folder, run.name)
         cost = sidecar.get("cost") or {}
         loads += [{"notebook": run.name, **load} for load in cost.get("model_loads", [])]
-        steps += [{"notebook": run.name, **step} for step in sidecar.get("steps") or [] if isinstance(step, dict)]
+        timed = sidecar.get("steps") if isinstance(sidecar.get("steps"), list) else []
+        steps += [{"notebook": run.name, **step} for step in timed if isinstance(step, dict)]
         peak = max(peak, int(cost.get("peak_rss_bytes") or 0))
     return {"model_loads": len(loads), "loads": loads, "kernels_started": kernels, "kernel_kept": kernel_kept,
             "seconds": round(sum(r.seconds for r in runs), 2),
