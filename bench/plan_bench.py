@@ -3,8 +3,9 @@
 For four set-ups of a 90M-parameter Qwen2 (built from its config, random weights; none of them tuned to): a full
 fine-tune, LoRA, LoRA with gradient checkpointing, LoRA with a trainable head at a long sequence. Each is measured as
 a real `transformers.Trainer` runs two steps on this CPU in a fresh process (`workbench.plan.real_step`: resident
-memory above the loaded model), with glibc's default malloc and with `MALLOC_MMAP_THRESHOLD_=131072` (no dynamic
-threshold: resident memory follows the live tensors), and planned with `workbench plan --device cpu`. The peers' rule
+memory above the loaded model), with glibc's default malloc (twice: it varies from run to run) and with
+`MALLOC_MMAP_THRESHOLD_=131072` (no dynamic threshold: resident memory follows the live tensors), and planned with
+`workbench plan --device cpu` (glibc's line measured by its own real step) and with `--no-heap-measure` (replayed). The peers' rule
 is `accelerate estimate-memory`'s: training with Adam takes 4× the model's size.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 MIB = 2**20
+REAL_RUNS = 2  # real steps with the default malloc per set-up: its resident peak varies from run to run
 
 LORA = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 16, "lora_alpha": 32,
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
@@ -51,6 +53,15 @@ def _json(argv: list[str], env: dict | None = None) -> dict:
     return json.loads(line) if line.rstrip().endswith("}") and "\n" not in line else json.loads(proc.stdout)
 
 
+def _plan(model: Path, args_file: Path, extra: list[str], seq: int, *flags: str) -> tuple[dict, float]:
+    start = time.perf_counter()
+    proc = subprocess.run([PY, "-m", "workbench", "plan", str(model), "--training-args", str(args_file),
+                           *(["--peft", extra[0]] if extra else []), "--seq", str(seq), "--device", "cpu",
+                           "--quick", "--json", *flags], capture_output=True, text=True, cwd=ROOT, timeout=1800,
+                          stdin=subprocess.DEVNULL)
+    return json.loads(proc.stdout), time.perf_counter() - start
+
+
 def measured_rows(tmp: Path) -> tuple[list[str], list[dict]]:
     model = write_model(tmp / "qwen2-90m")
     lines, records = [], []
@@ -61,33 +72,30 @@ def measured_rows(tmp: Path) -> tuple[list[str], list[dict]]:
             path.write_text(json.dumps(adapter))
             extra = [str(path)]
         real_cmd = [PY, "-m", "workbench.plan.real_step", str(model), json.dumps(args), *extra, "--seq", str(seq)]
-        default = _json(real_cmd)
-        fixed = _json(real_cmd, {"MALLOC_MMAP_THRESHOLD_": "131072"})
+        defaults = [_json(real_cmd)["above_weights_bytes"] for _ in range(REAL_RUNS)]
+        default = sum(defaults) / len(defaults)
+        fixed = _json(real_cmd, {"MALLOC_MMAP_THRESHOLD_": "131072"})["above_weights_bytes"]
         args_file = tmp / f"args-{len(records)}.json"
         args_file.write_text(json.dumps(args))
-        start = time.perf_counter()
-        proc = subprocess.run([PY, "-m", "workbench", "plan", str(model), "--training-args", str(args_file),
-                               *(["--peft", extra[0]] if extra else []), "--seq", str(seq), "--device", "cpu",
-                               "--quick", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=1800,
-                              stdin=subprocess.DEVNULL)
-        seconds = time.perf_counter() - start
-        plan = json.loads(proc.stdout)
+        plan, seconds = _plan(model, args_file, extra, seq)
+        replayed, replay_seconds = _plan(model, args_file, extra, seq, "--no-heap-measure")
         tensors = plan["tensor_peak_bytes"] - plan["weights_bytes"]
-        glibc = plan["peak_bytes"] - plan["weights_bytes"]
+        with_heap = plan["peak_bytes"] - plan["weights_bytes"]
+        with_replay = replayed["peak_bytes"] - replayed["weights_bytes"]
         rule = 3 * plan["weights_bytes"]  # accelerate: 4x the model for Adam, i.e. 3x above the weights
-        record = {"setup": name, "real_default": default["above_weights_bytes"],
-                  "real_fixed_threshold": fixed["above_weights_bytes"], "plan_tensors": tensors,
-                  "plan_with_glibc": glibc, "accelerate_rule": rule, "plan_seconds": seconds}
+        record = {"setup": name, "real_default": defaults, "real_fixed_threshold": fixed, "plan_tensors": tensors,
+                  "plan_glibc_measured": with_heap, "plan_glibc_replayed": with_replay, "accelerate_rule": rule,
+                  "plan_seconds": seconds, "plan_replayed_seconds": replay_seconds}
         records.append(record)
 
-        def err(x: int, ref: int) -> str:
+        def err(x: int, ref: float) -> str:
             return f"{(x - ref) / ref:+.0%}"
 
-        lines.append(f"| {name} | {default['above_weights_bytes'] / MIB:,.0f} | "
-                     f"{fixed['above_weights_bytes'] / MIB:,.0f} | {tensors / MIB:,.0f} "
-                     f"({err(tensors, fixed['above_weights_bytes'])} / {err(tensors, default['above_weights_bytes'])}) "
-                     f"| {glibc / MIB:,.0f} ({err(glibc, default['above_weights_bytes'])}) | {rule / MIB:,.0f} "
-                     f"({err(rule, default['above_weights_bytes'])}) | {seconds:.1f} s |")
+        lines.append(f"| {name} | {min(defaults) / MIB:,.0f}–{max(defaults) / MIB:,.0f} | {fixed / MIB:,.0f} | "
+                     f"{tensors / MIB:,.0f} ({err(tensors, fixed)} / {err(tensors, default)}) | "
+                     f"**{with_heap / MIB:,.0f} ({err(with_heap, default)})** | "
+                     f"{with_replay / MIB:,.0f} ({err(with_replay, default)}) | {rule / MIB:,.0f} "
+                     f"({err(rule, default)}) | {seconds:.1f} s / {replay_seconds:.1f} s |")
     return lines, records
 
 

@@ -873,10 +873,13 @@ def main() -> None:
                   "an H100 (a process: imports, the meta build, the 2- and 4-layer steps)",
             [{"seconds": s} for s in seventy], None, "goal: seconds; no weight read")
         note = ("Planned against measured, MiB above the loaded weights (a real `transformers.Trainer`, two steps, "
-                "this CPU, a fresh process; errors: plan vs the fixed-threshold run / vs the default run):\n\n"
+                "this CPU, a fresh process; the default malloc's two runs, min–max; errors: plan vs the "
+                "fixed-threshold run / vs the default runs' mean). `workbench plan --device cpu` measures glibc's "
+                "line by a real step of its own (random weights); `--no-heap-measure` replays the planned "
+                "tensors instead:\n\n"
                 "| set-up (90M Qwen2) | real, glibc default | real, MALLOC_MMAP_THRESHOLD_=131072 | planned tensors | "
-                "planned + glibc replay | accelerate's 4× rule | plan time |\n|---|---|---|---|---|---|---|\n"
-                + "\n".join(lines))
+                "planned (glibc measured) | planned (glibc replayed) | accelerate's 4× rule | plan time (measured / "
+                "replayed) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))
         report("plan", "`workbench plan`: planned against a real Trainer step", rows, note)
         return
     if args.only_sweep:

@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "length): the model skips its attention mask (default: padded batches; SFTConfig(packing=True) "
                    "implies it)")
     p.add_argument("--quick", action="store_true", help="the step alone: no largest batch / sequence, no toggles")
+    p.add_argument("--no-heap-measure", action="store_true", help="--device cpu: do not measure this host's malloc "
+                   "by a real step of the model with random weights (one training step's time); glibc's line is "
+                   "then the replay of the planned tensors, which a default malloc exceeds")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     sub.add_parser("regressions", help="the table of known regressions run.versions checks a run against")

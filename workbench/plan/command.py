@@ -20,7 +20,8 @@ def plan_command(args) -> int:
                        seq=args.seq, batch=args.batch, device=args.device, dtype=args.dtype, base=args.base,
                        packed=True if args.packed else None, gpus=args.gpus,
                        accelerate_config=args.accelerate_config)
-    plan = make_plan(setup, budget_bytes=budget, budget_name=args.gpu or args.memory, explore=not args.quick)
+    plan = make_plan(setup, budget_bytes=budget, budget_name=args.gpu or args.memory, explore=not args.quick,
+                     measure_heap=not args.no_heap_measure)
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2, default=str))
     else:

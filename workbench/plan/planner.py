@@ -80,9 +80,16 @@ class Term:
         return dataclasses.asdict(self)
 
 
-def terms_for(setup, step, gpus: int) -> list[Term]:
+def activation_bytes(step) -> int:
+    return step.breakdown.get("activations", 0) + step.breakdown.get("temporaries", 0)
+
+
+def terms_for(setup, step, gpus: int, heap=None, retained_per_activation: float | None = None) -> list[Term]:
     """The unseen.yaml lines that apply to this device and launch, in bytes (`when: ddp`: several GPUs without FSDP,
-    whose own buffers the sharded step measures)."""
+    whose own buffers the sharded step measures). glibc's line on a CPU: with `heap` (`host_heap.measured_heap`
+    measured it) the measured rise less the planned tensors; a variant of the measured set-up (a toggle, another
+    batch or length) is given `retained_per_activation` instead, the measured retention scaled by its own
+    activations; else the replay of the planned tensors' trace."""
     scale = {"activation_bytes": step.breakdown.get("activations", 0) + step.breakdown.get("temporaries", 0),
              "trainable_gradient_bytes": step.trainable_parameters * 4}
     out = []
@@ -99,10 +106,21 @@ def terms_for(setup, step, gpus: int) -> list[Term]:
                                  int(base * row.get("high_factor", row["factor"])))
         else:
             amount, low, high = int(row["bytes"]), row.get("low"), row.get("high")
-        if row["id"] == "glibc_heap" and step.allocator_peak_bytes is not None:
-            amount = max(0, step.allocator_peak_bytes - (step.peak_bytes - step.weights_bytes))
-        out.append(Term(row["id"], amount, low, high, " ".join(row["what"].split()), list(row["source"]),
-                        row["read_from"], bool(row.get("measured"))))
+        what, read_from = " ".join(row["what"].split()), row["read_from"]
+        if row["id"] == "glibc_heap":
+            above = step.peak_bytes - step.weights_bytes
+            if heap is not None and heap.rise_bytes is not None:
+                amount = max(0, heap.rise_bytes - above)
+                what = ("what this host's malloc keeps resident beyond the planned tensors: the measured resident "
+                        "rise of a real step less the tensors the plan counts")
+                read_from = heap.describe()
+            elif retained_per_activation is not None:
+                amount = int(retained_per_activation * activation_bytes(step))
+                read_from = "the measured set-up's retention, scaled by this step's activations"
+            elif step.allocator_peak_bytes is not None:
+                amount = max(0, step.allocator_peak_bytes - above)
+        out.append(Term(row["id"], amount, low, high, what, list(row["source"]), read_from,
+                        bool(row.get("measured"))))
     return out
 
 
@@ -120,6 +138,15 @@ class Plan(Displayable):
     # planned peaks at other sequence lengths, each a step measured once: the largest-sequence fit and the
     # half-sequence toggle both read s/2
     peaks_at_seq: dict[int, int] = dataclasses.field(default_factory=dict)
+    heap: Any = None  # host_heap.HostHeap: a CPU plan's malloc retention, measured (or why not)
+
+    @property
+    def retained_per_activation(self) -> float | None:
+        """The measured retention per byte of the step's activations, which the variants of the set-up scale."""
+        term = next((t for t in self.terms if t.id == "glibc_heap"), None)
+        if self.heap is None or self.heap.rise_bytes is None or term is None:
+            return None
+        return term.bytes / max(1, activation_bytes(self.step))
 
     @property
     def peak_bytes(self) -> int:
@@ -140,7 +167,8 @@ class Plan(Displayable):
                 "largest_batch": self.largest_batch, "largest_seq": self.largest_seq, "toggles": self.toggles,
                 "setup": self.setup.as_dict(), "optimizer": self.step.optimizer,
                 "trainable_parameters": self.step.trainable_parameters, "parameters": self.step.parameters,
-                "notes": self.step.notes, "seconds": round(self.step.seconds, 1)}
+                "notes": self.step.notes, "seconds": round(self.step.seconds, 1),
+                "host_heap": None if self.heap is None else dataclasses.asdict(self.heap)}
 
     def view(self):
         from workbench.plan.view import plan_view
@@ -162,21 +190,23 @@ def _step(setup):
     return fake_step(setup)
 
 
-def _planned(setup, gpus: int) -> int:
+def _planned(plan: Plan, setup, gpus: int | None = None) -> int:
+    """The planned peak of a variant of the plan's set-up (on `gpus` ranks, else the plan's)."""
     step = _step(setup)
-    return step.peak_bytes + sum(t.bytes for t in terms_for(setup, step, gpus))
+    return step.peak_bytes + sum(t.bytes for t in terms_for(setup, step, gpus or plan.gpus,
+                                                            retained_per_activation=plan.retained_per_activation))
 
 
 def _planned_at_seq(plan: Plan, seq: int) -> int:
     if seq not in plan.peaks_at_seq:
-        plan.peaks_at_seq[seq] = _planned(plan.setup.replace(seq=seq), plan.gpus)
+        plan.peaks_at_seq[seq] = _planned(plan, plan.setup.replace(seq=seq))
     return plan.peaks_at_seq[seq]
 
 
 def _largest_batch(plan: Plan) -> int | None:
     """From steps at batch b and 2b: memory is affine in the batch."""
     setup, b = plan.setup, plan.setup.batch
-    one, two = plan.peak_bytes, _planned(setup.replace(batch=2 * b), plan.gpus)
+    one, two = plan.peak_bytes, _planned(plan, setup.replace(batch=2 * b))
     per = (two - one) / b
     if per <= 0:
         return None
@@ -248,7 +278,7 @@ def _fsdp_toggle(plan: Plan) -> dict[str, Any] | None:
     peak, failed = 0, None
     for chosen in candidates:
         try:
-            peak = _planned(sharded.replace(gpus=chosen), chosen)
+            peak = _planned(plan, sharded.replace(gpus=chosen), chosen)
         except Exception as exc:  # noqa: BLE001 - any refusal of the sharded step: the labelled fallback instead
             failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
             break
@@ -284,11 +314,11 @@ def _toggles(plan: Plan) -> list[dict[str, Any]]:
             changed = dataclasses.replace(args, **{k: v for k, v in on.items() if k in known})
         out.append(_toggle(plan, "gradient checkpointing", "gradient_checkpointing=True, "
                            "gradient_checkpointing_kwargs={'use_reentrant': False}",
-                           _planned(setup.replace(args=changed), plan.gpus)))
+                           _planned(plan, setup.replace(args=changed))))
     if setup.setup != "qlora":
         out.append(_toggle(plan, "4-bit base (QLoRA)", "BitsAndBytesConfig(load_in_4bit=True, "
                            "bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True) + LoRA",
-                           _planned(setup.replace(setup="qlora"), plan.gpus)))
+                           _planned(plan, setup.replace(setup="qlora"))))
     states = plan.step.breakdown.get("optimizer states", 0)
     optim = getattr(args.optim, "value", str(args.optim))
     if states and not any(word in optim for word in ("8bit", "bnb", "paged")):
@@ -304,20 +334,34 @@ def _toggles(plan: Plan) -> list[dict[str, Any]]:
     if setup.peft and setup.peft.get("modules_to_save"):
         peft = {**setup.peft, "modules_to_save": None}
         out.append(_toggle(plan, "no modules_to_save", f"drop modules_to_save={setup.peft['modules_to_save']} "
-                           "(train the head with LoRA or not at all)", _planned(setup.replace(peft=peft), plan.gpus)))
+                           "(train the head with LoRA or not at all)", _planned(plan, setup.replace(peft=peft))))
     return sorted(out, key=lambda t: -t["saves_bytes"])
 
 
 def make_plan(setup, *, budget_bytes: int | None = None, budget_name: str | None = None, gpus: int | None = None,
-              explore: bool = True) -> Plan:
-    """The plan of the set-up's step; `gpus` (else the set-up's own `--gpus`) ranks in the launch."""
+              explore: bool = True, measure_heap: bool = False) -> Plan:
+    """The plan of the set-up's step; `gpus` (else the set-up's own `--gpus`) ranks in the launch. `measure_heap`
+    (a CPU plan): glibc's line measured by a real step of the model with random weights (`host_heap`), not
+    replayed."""
     if gpus is not None and gpus != setup.gpus:
         setup = setup.replace(gpus=gpus)
     step = _step(setup)
     if setup.fsdp is not None and not setup.sharded:
         step.notes.append(f"FSDP is configured ({setup.fsdp_source}) but the launch has one GPU: planned unsharded; "
                           "--gpus N plans one rank of N")
-    plan = Plan(setup, step, terms_for(setup, step, setup.gpus), setup.gpus, budget_bytes, budget_name)
+    heap = None
+    if measure_heap and setup.device == "cpu":
+        from workbench.plan.host_heap import measured_heap
+
+        heap = measured_heap(setup, step.peak_bytes)
+        if heap.reason:
+            step.notes.append(f"glibc_heap not measured on this host ({heap.reason}): the line is the replay of the "
+                              "planned tensors' trace, which a default malloc exceeds (docs/plan.md)")
+        elif explore and budget_bytes is not None:
+            step.notes.append("the largest batch and sequence and the toggles scale the measured glibc_heap by "
+                              "their own activations")
+    plan = Plan(setup, step, terms_for(setup, step, setup.gpus, heap), setup.gpus, budget_bytes, budget_name,
+                heap=heap)
     if budget_bytes is not None and explore:
         plan.largest_batch = _largest_batch(plan)
         plan.largest_seq = _largest_seq(plan)

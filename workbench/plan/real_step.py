@@ -4,7 +4,8 @@ loaded model is read from the kernel (`ru_maxrss`, against VmRSS once the model 
 the tests to hold the planner to what a run does.
 
     python -m workbench.plan.real_step CONFIG_DIR ARGS_JSON [ADAPTER_CONFIG.json] --seq N
-    -> {"weights_rss_bytes": …, "peak_rss_bytes": …, "above_weights_bytes": …, "seconds": …}
+    -> {"weights_bytes": …, "rss_before_bytes": …, "peak_rss_bytes": …, "above_weights_bytes": …, "seconds": …,
+        "ran": {"batch", "seq", "steps", "packed", "gradient_checkpointing", "optimizer", "trainable_parameters"}}
 """
 
 from __future__ import annotations
@@ -75,8 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    ran = {"batch": batch, "seq": args.seq, "steps": args.steps, "packed": args.packed,
+           "gradient_checkpointing": bool(training.gradient_checkpointing),
+           "optimizer": type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__,  # accelerate's wrap
+           "trainable_parameters": trainable}
     print(json.dumps({"weights_bytes": weights, "rss_before_bytes": before, "peak_rss_bytes": peak,
-                      "above_weights_bytes": peak - before, "seconds": seconds}))
+                      "above_weights_bytes": peak - before, "seconds": seconds, "ran": ran}))
     return 0
 
 
