@@ -403,6 +403,69 @@ def scaling_rows(rows: list, workdir: Path, repeats: int, sizes: list[str] | Non
                      f"{report['cost']['model_loads']} model load(s), {report['cost']['kernels_started']} kernel; "
                      f"peak anonymous RSS of one process {sampled['anon_one'] / size:.2f}× the checkpoint; "
                      f"slowest steps (last run): {slowest_steps(report['cost'])}; goal ≤ 2× (issue 38)"))
+    if not sizes or "7b" in sizes:
+        sparse_7b_row(rows, workdir)
+
+
+LOAD_AND_FORWARD_VLM = LOAD_AND_FORWARD.replace("AutoModelForCausalLM", "AutoModelForImageTextToText")
+LOW_MEMORY = 1.5 * 2**30  # the watchdog's floor of MemAvailable: below it the diagnosis is stopped, not OOM-killed
+
+
+def _available() -> int:
+    with open("/proc/meminfo") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+
+
+def watched(cmd: list[str], log: Path) -> dict:
+    """Run cmd in its own process group, its output to `log`; stop the whole group when the host's available memory
+    falls under LOW_MEMORY (the kernel's OOM killer would pick its victim among every process here)."""
+    import os
+    import signal
+
+    start, lowest, stopped = time.perf_counter(), _available(), False
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        while proc.poll() is None:
+            lowest = min(lowest, _available())
+            if lowest < LOW_MEMORY:
+                stopped = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+            time.sleep(0.2)
+    return {"seconds": time.perf_counter() - start, "stopped": stopped, "lowest_available": lowest,
+            "returncode": proc.returncode, "output": log.read_text(errors="replace")}
+
+
+def sparse_7b_row(rows: list, workdir: Path) -> None:
+    """The 7B-shaped sparse checkpoint (bench/sparse_checkpoint.py: Qwen2-VL-7B's shape, its data regions holes,
+    so every weight reads 0) diagnosed with every notebook under `watched`, against load + one forward: how far
+    it gets on this host, each notebook's seconds, and where and why it stopped when it did."""
+    import re
+
+    from sparse_checkpoint import write_sparse_checkpoint
+
+    ckpt = write_sparse_checkpoint(workdir / "sparse-7b")
+    apparent = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+    naive = process_seconds([PY, "-c", LOAD_AND_FORWARD_VLM, str(ckpt)], 1)
+    run = watched([PY, "-m", "workbench", "diagnose", str(ckpt), "--reports-dir", str(workdir / "reports-7b")],
+                  workdir / "diagnose-7b.log")
+    done = re.findall(r"\[\d+/\d+\] (\d\d)_\w+ \w+ \(([\d.]+) s\)", run["output"])
+    started = re.findall(r"\[\d+/\d+\] (\d\d)_\w+ \.\.\.", run["output"])
+    per = ", ".join(f"{nb} {float(sec):.1f} s" for nb, sec in done)
+    if run["stopped"]:
+        where = started[-1] if started else "start-up"
+        verdict = "stopped"
+        note = (f"stopped in notebook {where} after {run['seconds']:.0f} s, when this host had under "
+                f"{LOW_MEMORY / 2**30:.1f} GiB available (lowest {run['lowest_available'] / 2**30:.1f} GiB); "
+                f"notebooks done before it: {per or 'none'}")
+    else:
+        verdict = f"{run['seconds'] / naive[0]['seconds']:.1f}× the load + forward"
+        note = f"exit {run['returncode']}; per notebook: {per}"
+    rows.append((f"`diagnose` of the 7B-shaped sparse checkpoint ({apparent / 1e9:.1f} GB apparent, Qwen2-VL-7B's "
+                 "shape, every weight 0) vs load + one forward in a fresh process",
+                 stats([run["seconds"]]), stats([r["seconds"] for r in naive]), verdict, note))
 
 
 def slowest_steps(cost: dict, n: int = 4) -> str:
@@ -776,8 +839,9 @@ def main() -> None:
     parser.add_argument("--only-startup", action="store_true",
                         help="just --help and census as processes, and the CPU of the diagnose process itself")
     parser.add_argument("--only-scaling", action="store_true",
-                        help="just diagnose vs load + forward on 0.4 / 1.3 / 2.6 GB checkpoints")
-    parser.add_argument("--sizes", nargs="*", help="with --only-scaling: some of 0.4 1.3 2.6")
+                        help="just diagnose vs load + forward on 0.4 / 1.3 / 2.6 GB checkpoints and the 7B-shaped sparse one")
+    parser.add_argument("--sizes", nargs="*", help="with --only-scaling: some of 0.4 1.3 2.6 7b (the 7B-shaped "
+                        "sparse checkpoint)")
     parser.add_argument("--only-data", action="store_true", help="just the data path against trl's preparation")
     parser.add_argument("--data-rows", type=int, default=20_000)
     parser.add_argument("--only-run-log", action="store_true", help="just notebook 08's log checks on a long log")

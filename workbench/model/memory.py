@@ -42,6 +42,15 @@ def available_bytes() -> tuple[int, str]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), "available physical pages"
 
 
+def room_for_a_copy(need: int, what: str) -> None:
+    """Raise ResourceError when a copy a probe is about to make (`need` bytes: `what`) would take more than half the
+    free memory: the probe then says so, where the copy would have run the machine out of memory."""
+    free, where = available_bytes()
+    if need > free // 2:
+        raise ResourceError(f"{what} needs {need / 2**30:.1f} GiB: more than half the {where} "
+                            f"({free / 2**30:.1f} GiB)")
+
+
 def estimated_load_bytes(target) -> int:
     """Bytes the loaded weights will take: quantized per the meta prediction, else as stored in the headers."""
     folders = [target.model_dir] + ([target.adapter_dir] if target.adapter_dir else [])

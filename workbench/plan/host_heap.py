@@ -30,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 REAL_STEP_TIMEOUT_S = 1800
 # fields `real_step` sets itself (a run that saves and logs nothing, on the CPU)
 SET_BY_REAL_STEP = ("output_dir", "max_steps", "report_to", "save_strategy", "logging_strategy", "use_cpu",

@@ -332,3 +332,24 @@ def test_a_layerdrop_draw_does_not_depend_on_what_ran_before(family):
         answers.add((finding.verdict, finding.title, tuple(sorted(r.name for r in result.rows if r.status != "ok"))))
         assert torch.equal(torch.random.get_rng_state(), state)
     assert len(answers) == 1, answers
+
+
+def test_zero_gradients_too_large_to_shift_stay_unexplained_and_say_why(family, monkeypatch):
+    """Asking whether the loss moves with a zero gradient's tensor keeps a copy of it to put back; where that copy
+    would take more than half the free memory (a model whose gradients are almost all zero, at 7B) the question is
+    not asked: the zero gradient stays a fail, saying why it was not explained, and no weight is touched."""
+    import workbench.model.memory as memory
+
+    prepared, target, layer, hidden, dtype = _llama(family)
+    layer.mlp = Gated(layer.mlp, hidden, dtype, False)
+    before = {n: p.detach().clone() for n, p in prepared.model.named_parameters()}
+    monkeypatch.setattr(memory, "available_bytes", lambda: (1024, "MemAvailable of this machine"))
+    result, finding = _finding(prepared, target)
+    extra = next(r for r in result.rows if r.name == "model.layers.0.mlp.extra.weight")
+    assert extra.status == "zero" and extra.cause is None and result.zero_factors == []
+    assert finding.verdict == "fail", (finding.title, finding.detail)
+    assert "was not asked: shifting 1 tensors keeps a copy of them to put back, which needs" in finding.detail
+    assert "more than half the MemAvailable of this machine (0.0 GiB)" in finding.evidence[
+        "zero_gradients_not_explained"]
+    after = dict(prepared.model.named_parameters())
+    assert all(torch.equal(value, after[n].detach()) for n, value in before.items())

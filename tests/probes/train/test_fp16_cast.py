@@ -48,3 +48,23 @@ def test_a_weight_read_outside_its_modules_forward_gets_the_whole_model_cast():
     before = fingerprint(model)
     reading = fp16._fp32_forward(model, {"x": torch.ones(2, 8)}, set())
     assert reading.half and fingerprint(model) == before
+
+
+def test_a_whole_model_cast_that_would_not_fit_is_refused_with_both_numbers(monkeypatch):
+    """fp32 copies of every weight beside the originals: where they would take more than half the free memory (a
+    7B's whole-model cast is 33 GB), the forward is refused as a ResourceError naming both numbers — the probe's
+    `error` — and no weight is touched."""
+    import pytest
+
+    import workbench.model.memory as memory
+
+    model = ReadsItsChildsWeight()
+    before = fingerprint(model)
+    need = sum(t.numel() * 4 for t in [*model.parameters(), *model.buffers()])
+    monkeypatch.setattr(memory, "available_bytes", lambda: (2 * need - 2, "MemAvailable of this machine"))
+    with pytest.raises(memory.ResourceError, match=r"an fp32 copy of 3 weights and buffers, which needs 0\.0 GiB: "
+                                                   r"more than half the MemAvailable of this machine"):
+        fp16._fp32_forward(model, {"x": torch.ones(2, 8)}, set())
+    assert fingerprint(model) == before
+    monkeypatch.setattr(memory, "available_bytes", lambda: (2 * need, "MemAvailable of this machine"))
+    assert fp16._fp32_forward(model, {"x": torch.ones(2, 8)}, set()).half  # exactly half fits

@@ -35,6 +35,7 @@ from workbench.model.dtypes import compute_dtype_of
 from workbench.model.forward import autocast as autocast_in
 from workbench.model.forward import device_type_of
 from workbench.model.heads import loss_of
+from workbench.model.memory import ResourceError
 from workbench.model.offload import offload_sentence, offloaded_parameters
 from workbench.probes.forward.gradient_causes import BENIGN, cause_of_cut, library_source, tower_of
 from workbench.probes.forward.known_crashes import known_crash, raising_frame
@@ -84,6 +85,8 @@ class GradFlowResult(ProbeResult):
     # the step's crash matched a row of known_crashes.KNOWN_CRASHES: the model's own code raises it for any batch
     known_crash: dict[str, Any] | None = None
     raised_at: str | None = None  # where an unmatched crash was raised (innermost transformers frame), file:line
+    # why the zero gradients were not asked whether the loss moves with them (memory.room_for_a_copy)
+    not_asked: str | None = None
 
     def to_frame(self):
         import pandas as pd
@@ -151,6 +154,8 @@ class GradFlowResult(ProbeResult):
                                                      "choice_only", "padding_row_only")}}
         if self.zero_factors:
             evidence["zero_factors"] = self.zero_factors[:40]
+        if self.not_asked:
+            evidence["zero_gradients_not_explained"] = self.not_asked
         if self.backward_kernels:
             evidence["backward_kernels"] = self.backward_kernels
         if self.layout_note:
@@ -193,7 +198,9 @@ class GradFlowResult(ProbeResult):
             return [Finding("grad.flow", "fail",
                             f"{len(missing)} of {trainable} trainable tensors get no gradient, e.g. {first.name}",
                             "Gradients None or zero by component: "
-                            + ", ".join(f"{k}: {v}" for k, v in self.summary().items()) + f". Cause: {cause}.",
+                            + ", ".join(f"{k}: {v}" for k, v in self.summary().items()) + f". Cause: {cause}."
+                            + (f" Whether the loss moves with the zero ones was not asked: {self.not_asked}."
+                               if self.not_asked else ""),
                             evidence, fix)]
         off_path = sum(len(rows) for cause, rows in grouped.items() if cause != "lora_b_zero")
         offloaded = (f". Not judged: {offload_sentence(self.offloaded)}; their gradient lands on the temporary "
@@ -294,7 +301,7 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
     was_training = model.training
     model.train()
     model.zero_grad(set_to_none=True)
-    loss_value, error, promoted, crash, raised_at = None, None, None, None, None
+    loss_value, error, promoted, crash, raised_at, not_asked = None, None, None, None, None, None
     # read each gradient as it is accumulated, then drop it: a full fine-tune would otherwise hold a second
     # model-sized buffer of gradients just so that we can look at them
     seen: dict[str, tuple[str, float]] = {}
@@ -344,6 +351,8 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
         rows = _classified_rows(model, seen, reach, classifier, has_pixels, skip=set(offloaded))
         try:
             zero_factors = _explain_zero_gradients(model, rows, inputs, autocast)
+        except ResourceError as exc:  # the copy a shift keeps would not fit: unexplained, and the report says why
+            zero_factors, not_asked = [], str(exc)
         except Exception:  # noqa: BLE001 - a forward the step ran once should run again; if not, stay unexplained
             zero_factors = []
     model.train(was_training)
@@ -352,7 +361,7 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
                           [r.name for r in rows if r.cause == "not_read"],
                           [r.name for r in rows if r.cause == "no_image"],
                           describe(promoted), packed, held_layout_note(model), zero_factors,
-                          [normalize_name(n) for n in offloaded if n in trainable_set], crash, raised_at)
+                          [normalize_name(n) for n in offloaded if n in trainable_set], crash, raised_at, not_asked)
 
 
 def _step_without_autocast(model: nn.Module, inputs: dict) -> dict[str, Any]:

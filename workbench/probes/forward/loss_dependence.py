@@ -99,7 +99,15 @@ def _loss(model: nn.Module, inputs: dict, loss_of: Callable, autocast: contextli
 @contextlib.contextmanager
 def _shifted(params: Sequence[nn.Parameter], floor: float = 0.0, step: float = RELATIVE_STEP):
     """Each tensor moved by a seeded random step of `step` times its mean magnitude (at least `floor`, and at least
-    `step / 10` absolute). Yields the share of elements that changed (the rest round back in low precision)."""
+    `step / 10` absolute). Yields the share of elements that changed (the rest round back in low precision).
+    ResourceError where the copy kept to put them back would take more than half the free memory: only a model
+    whose gradients are almost all zero gets here with most of its weights (a detached loss, a checkpoint of zeros),
+    and at 7B that copy is a second 16 GB, with the shifted weights written in place (a mapped checkpoint's pages
+    copied on write) on top."""
+    from workbench.model.memory import room_for_a_copy
+
+    room_for_a_copy(sum(p.numel() * p.element_size() for p in params),
+                    f"shifting {len(params)} tensors keeps a copy of them to put back, which")
     saved = [p.detach().clone() for p in params]
     generator = torch.Generator().manual_seed(_SEED)
     try:

@@ -110,6 +110,8 @@ class Fp16Result(ProbeResult):
         if self.reading is None:
             return Finding(CHECK, "error", "The fp32 forward for the fp16 headroom did not run",
                            f"{self.forward_error}. The headroom cannot be read from this batch.", evidence,
+                           "Diagnose on a machine with that memory free (or on the GPU you train on)."
+                           if self.forward_error.startswith("ResourceError") else
                            "Read the exception; pass a batch your training uses (forward_inputs in --params).")
         reading = self.reading
         rows = reading.half if self.judged_view == "half weights" else reading.amp
@@ -253,7 +255,12 @@ def _cast_per_module(model):
 
 @contextlib.contextmanager
 def _cast_whole_model(model):
+    """Every weight and buffer not in fp32 cast to fp32 for the forward, put back after; ResourceError (the probe's
+    `error`, saying both numbers) where those fp32 copies would take more than half the free memory."""
+    from workbench.model.memory import room_for_a_copy
+
     saved = [(t, t.data) for t in _off_fp32([*model.parameters(), *model.buffers()])]
+    room_for_a_copy(sum(t.numel() * 4 for t, _ in saved), f"an fp32 copy of {len(saved)} weights and buffers, which")
     try:
         for t, data in saved:
             t.data = data.float()
