@@ -90,7 +90,7 @@ def terms_for(setup, step, gpus: int, heap=None, retained_per_activation: float 
     measured it) the measured rise less the planned tensors; a variant of the measured set-up (a toggle, another
     batch or length) is given `retained_per_activation` instead, the measured retention scaled by its own
     activations; else the replay of the planned tensors' trace."""
-    scale = {"activation_bytes": step.breakdown.get("activations", 0) + step.breakdown.get("temporaries", 0),
+    scale = {"activation_bytes": activation_bytes(step),
              "trainable_gradient_bytes": step.trainable_parameters * 4}
     out = []
     for row in unseen_terms():
