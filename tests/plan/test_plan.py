@@ -330,7 +330,9 @@ def test_a_cpu_plan_measures_this_hosts_malloc_by_a_real_step(tmp_path):
     args = tmp_path / "args.yaml"
     args.write_text("config_class: SFTConfig\nper_device_train_batch_size: 8\nmax_length: 256\n"
                     "gradient_checkpointing: true\n")
-    measured = _real_rise(folder, {"per_device_train_batch_size": 8, "gradient_checkpointing": True}, adapter, 256)
+    # bf16: SFTConfig's default where bf16 is available, as the plan's set-up reads it
+    measured = _real_rise(folder, {"per_device_train_batch_size": 8, "gradient_checkpointing": True, "bf16": True},
+                          adapter, 256)
     result = workbench_here("plan", folder, "--training-args", args, "--peft", adapter, "--device", "cpu", "--quick",
                             "--json")
     assert result.returncode == 0, result.stderr
@@ -344,7 +346,7 @@ def test_a_cpu_plan_measures_this_hosts_malloc_by_a_real_step(tmp_path):
     assert abs(above - measured) <= 0.15 * measured, (above, measured)
     trainable = plan["trainable_parameters"]
     assert heap["ran"] == {"batch": 8, "seq": 256, "steps": 2, "packed": False, "gradient_checkpointing": True,
-                           "optimizer": "AdamW", "trainable_parameters": trainable}, heap["ran"]
+                           "precision": "bf16", "optimizer": "AdamW", "trainable_parameters": trainable}, heap["ran"]
     tensors = plan["tensor_peak_bytes"] - plan["weights_bytes"]
     assert tensors < 0.9 * measured, (tensors, measured)  # the default malloc's retention, which the line adds
 
@@ -374,6 +376,31 @@ def test_a_cpu_plan_says_why_it_did_not_measure_the_malloc(tmp_path, monkeypatch
     term = next(t for t in plan.terms if t.id == "glibc_heap")
     assert term.read_from.startswith("glibc 2.26+")  # the replay's source, not a measurement
     assert term.bytes == max(0, plan.step.allocator_peak_bytes - (plan.step.peak_bytes - plan.step.weights_bytes))
+
+
+def test_the_real_step_gets_the_users_training_fields_that_trainingarguments_has(tmp_path):
+    """The fields the real step is given: the user's TrainingArguments fields (an SFTConfig's data fields and the
+    ones the real step sets itself left out), the plan's batch (--batch wins), and the precision the set-up trains
+    in."""
+    from workbench.plan.host_heap import training_fields
+    from workbench.plan.setup import plan_setup
+
+    folder = tiny_qwen2(tmp_path / "m")
+    args = tmp_path / "args.yaml"
+    args.write_text("config_class: SFTConfig\nper_device_train_batch_size: 2\nmax_length: 64\npacking: true\n"
+                    "output_dir: /somewhere/else\nreport_to: wandb\ngradient_checkpointing: true\n"
+                    "gradient_accumulation_steps: 4\noptim: adafactor\n")
+    setup = plan_setup(str(folder), training_args=str(args), batch=3, device="cpu")
+    # bf16: SFTConfig's own default (None, made True where bf16 is available), which the plan's step trains in too
+    assert setup.precision == "bf16"
+    assert training_fields(setup) == {"per_device_train_batch_size": 3, "gradient_checkpointing": True,
+                                      "gradient_accumulation_steps": 4, "optim": "adafactor", "bf16": True}
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("per_device_train_batch_size: 2\n")
+    setup = plan_setup(str(folder), training_args=str(plain), device="cpu")
+    assert training_fields(setup) == {"per_device_train_batch_size": 2}
+    launched = setup.replace(launch_environment={"ACCELERATE_MIXED_PRECISION": "bf16"})
+    assert training_fields(launched) == {"per_device_train_batch_size": 2, "bf16": True}
 
 
 def test_a_measured_retention_sets_the_glibc_line_and_scales_to_the_variants(tmp_path, monkeypatch):

@@ -93,6 +93,8 @@ def training_fields(setup) -> dict:
     known = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
     fields = {k: v for k, v in fields.items() if k in known and k not in SET_BY_REAL_STEP and k != "deepspeed"}
     fields["per_device_train_batch_size"] = setup.batch
+    if setup.precision in ("bf16", "fp16"):  # also where only an accelerate config's mixed_precision says it
+        fields[setup.precision] = True
     return fields
 
 

@@ -5,7 +5,8 @@ the tests to hold the planner to what a run does.
 
     python -m workbench.plan.real_step CONFIG_DIR ARGS_JSON [ADAPTER_CONFIG.json] --seq N
     -> {"weights_bytes": …, "rss_before_bytes": …, "peak_rss_bytes": …, "above_weights_bytes": …, "seconds": …,
-        "ran": {"batch", "seq", "steps", "packed", "gradient_checkpointing", "optimizer", "trainable_parameters"}}
+        "ran": {"batch", "seq", "steps", "packed", "gradient_checkpointing", "precision", "optimizer",
+                "trainable_parameters"}}
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     ran = {"batch": batch, "seq": args.seq, "steps": args.steps, "packed": args.packed,
            "gradient_checkpointing": bool(training.gradient_checkpointing),
+           "precision": "bf16" if training.bf16 else "fp16" if training.fp16 else "no",
            "optimizer": type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__,  # accelerate's wrap
            "trainable_parameters": trainable}
     print(json.dumps({"weights_bytes": weights, "rss_before_bytes": before, "peak_rss_bytes": peak,
