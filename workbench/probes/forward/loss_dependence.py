@@ -22,6 +22,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from workbench.model.memory import room_for_a_copy
 from workbench.probes.forward.loss_reach import caller_site
 
 RELATIVE_STEP = 1e-2  # well above bf16's resolution (2**-8), small enough to stay local
@@ -104,8 +105,6 @@ def _shifted(params: Sequence[nn.Parameter], floor: float = 0.0, step: float = R
     whose gradients are almost all zero gets here with most of its weights (a detached loss, a checkpoint of zeros),
     and at 7B that copy is a second 16 GB, with the shifted weights written in place (a mapped checkpoint's pages
     copied on write) on top."""
-    from workbench.model.memory import room_for_a_copy
-
     room_for_a_copy(sum(p.numel() * p.element_size() for p in params),
                     f"shifting {len(params)} tensors keeps a copy of them to put back, which")
     saved = [p.detach().clone() for p in params]

@@ -32,6 +32,7 @@ from workbench.display.result import ProbeResult
 from workbench.findings import Finding, combine_findings
 from workbench.model.batch import target_inputs
 from workbench.model.components import unwrap_model
+from workbench.model.memory import room_for_a_copy
 from workbench.probes.train.fp16_headroom import (
     FP16_MAX,
     VLLM_SOURCE,
@@ -257,8 +258,6 @@ def _cast_per_module(model):
 def _cast_whole_model(model):
     """Every weight and buffer not in fp32 cast to fp32 for the forward, put back after; ResourceError (the probe's
     `error`, saying both numbers) where those fp32 copies would take more than half the free memory."""
-    from workbench.model.memory import room_for_a_copy
-
     saved = [(t, t.data) for t in _off_fp32([*model.parameters(), *model.buffers()])]
     room_for_a_copy(sum(t.numel() * 4 for t, _ in saved), f"an fp32 copy of {len(saved)} weights and buffers, which")
     try:
