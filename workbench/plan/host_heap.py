@@ -5,13 +5,13 @@ with random weights — no weight is read — and the resident rise above the lo
     heap = measured_heap(setup, planned_peak_bytes)   # HostHeap: rise_bytes, or None and the reason
 
 Fake tensors count the live tensors; a CPU process holds more. glibc's dynamic mmap threshold sends later
-activations to the heap, where freed holes beside small live chunks stay resident: 11–74 % more than the live
+activations to the heap, where freed holes beside small live chunks stay resident: 10–78 % more than the live
 tensors on the bench's four set-ups (docs/plan.md). That retention depends on every small allocation the process
 makes, so neither the replay of the tensors' trace (`cpu_allocator`: under a tenth of it) nor copies of the model cut
 to 2 and 4 layers and extended to its depth predict it: measured on the bench's 90M Qwen2 (8 layers), the copies'
-own run-to-run spread, multiplied by the extension, put the extended figure 14 % under to 9 % over the whole model's
-run, where the whole model's runs agree within 5 %. So the whole depth is run, once: a CPU plan costs one real step
-more, and says what it measured.
+own run-to-run spread, multiplied by the extension, put the extended figure of its LoRA 8 × 512 14 % under to 9 %
+over the whole model's run, whose own runs agreed within 5 %. So the whole depth is run, once: a CPU plan costs one
+real step more, and says what it measured.
 
 Not measured (the reason says why, and the replay stands): a QLoRA set-up (bitsandbytes quantizes weights as it
 loads them, and the model built here loads none), several processes, a model that is not a causal LM (`real_step`
