@@ -99,6 +99,50 @@ def measured_rows(tmp: Path) -> tuple[list[str], list[dict]]:
     return lines, records
 
 
+# other families, built from configs (6 layers, hidden 512; random weights), LoRA r8 on their own projection names,
+# batch 4 × 512: the CPU plan against the mean of two real default-malloc steps
+FAMILIES = {
+    "Llama": ("LlamaConfig", dict(intermediate_size=1376, num_key_value_heads=4, vocab_size=32000),
+              ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    "GPT-2": ("GPT2Config", dict(n_embd=512, n_layer=6, n_head=8, vocab_size=50257, n_positions=1024),
+              ["c_attn", "c_proj", "c_fc"]),
+    "Gemma 2": ("Gemma2Config", dict(intermediate_size=1536, num_key_value_heads=4, head_dim=64, vocab_size=32000),
+                ["q_proj", "v_proj", "up_proj", "down_proj"]),
+    "Phi-3": ("Phi3Config", dict(intermediate_size=1536, num_key_value_heads=8, vocab_size=32064, pad_token_id=0),
+              ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+}
+ARCHITECTURES = {"Llama": "LlamaForCausalLM", "GPT-2": "GPT2LMHeadModel", "Gemma 2": "Gemma2ForCausalLM",
+                 "Phi-3": "Phi3ForCausalLM"}
+
+
+def family_rows(tmp: Path) -> list[str]:
+    import transformers
+
+    lines = []
+    args = {"per_device_train_batch_size": 4}
+    args_file = tmp / "args-families.json"
+    args_file.write_text(json.dumps(args))
+    for name, (config_class, fields, targets) in FAMILIES.items():
+        shape = {} if config_class == "GPT2Config" else dict(hidden_size=512, num_hidden_layers=6,
+                                                              num_attention_heads=8)
+        folder = tmp / name.replace(" ", "-")
+        getattr(transformers, config_class)(**shape, **fields, architectures=[ARCHITECTURES[name]],
+                                            dtype="float32").save_pretrained(folder)
+        adapter = tmp / f"{folder.name}-lora.json"
+        adapter.write_text(json.dumps({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 16,
+                                       "target_modules": targets}))
+        real_cmd = [PY, "-m", "workbench.plan.real_step", str(folder), json.dumps(args), str(adapter), "--seq", "512"]
+        reals = [_json(real_cmd)["above_weights_bytes"] for _ in range(REAL_RUNS)]
+        mean = sum(reals) / len(reals)
+        plan, seconds = _plan(folder, args_file, [str(adapter)], 512)
+        planned = plan["peak_bytes"] - plan["weights_bytes"]
+        tensors = plan["tensor_peak_bytes"] - plan["weights_bytes"]
+        lines.append(f"| {name} | {min(reals) / MIB:,.0f}–{max(reals) / MIB:,.0f} | **{planned / MIB:,.0f} "
+                     f"({(planned - mean) / mean:+.1%})** | {tensors / MIB:,.0f} ({(tensors - mean) / mean:+.0%}) | "
+                     f"{seconds:.1f} s |")
+    return lines
+
+
 def plan_70b_seconds(tmp: Path, repeats: int) -> list[float]:
     from transformers import LlamaConfig
 

@@ -928,10 +928,11 @@ def main() -> None:
         report("explain", "`workbench explain`: the text alone, a long log, and --ckpt", rows, note)
         return
     if args.only_plan:
-        from plan_bench import measured_rows, plan_70b_seconds
+        from plan_bench import family_rows, measured_rows, plan_70b_seconds
 
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
             lines, _records = measured_rows(Path(tmp))
+            families = family_rows(Path(tmp))
             seventy = plan_70b_seconds(Path(tmp), max(1, args.repeats // 2))
         row(rows, "`workbench plan` of a 70B-shaped Llama, QLoRA + gradient checkpointing, batch 1 × 2048, against "
                   "an H100 (a process: imports, the meta build, the 2- and 4-layer steps)",
@@ -943,7 +944,12 @@ def main() -> None:
                 "tensors instead:\n\n"
                 "| set-up (90M Qwen2) | real, glibc default | real, MALLOC_MMAP_THRESHOLD_=131072 | planned tensors | "
                 "planned (glibc measured) | planned (glibc replayed) | accelerate's 4× rule | plan time (measured / "
-                "replayed) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))
+                "replayed) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines)
+                + "\n\nOther families, built from configs (6 layers, hidden 512, random weights; LoRA r8 on each "
+                "family's own projections, batch 4 × 512), `workbench plan --device cpu` against two real "
+                "default-malloc steps (min–max; errors against their mean):\n\n"
+                "| family | real, glibc default | planned | planned tensors | plan time |\n|---|---|---|---|---|\n"
+                + "\n".join(families))
         report("plan", "`workbench plan`: planned against a real Trainer step", rows, note)
         return
     if args.only_sweep:

@@ -31,6 +31,21 @@ def available_bytes() -> tuple[int, str]:
     if torch.cuda.is_available():
         free = sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
         return free, f"free memory on {torch.cuda.device_count()} GPU(s)"
+    return host_available_bytes()
+
+
+def free_on(device: torch.device) -> tuple[int, str] | None:
+    """Free memory on one device: a GPU's own free memory, the machine's for the CPU; None where it cannot be read
+    (meta, another backend)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], f"free memory of {device}"
+    if device.type == "cpu":
+        return host_available_bytes()
+    return None
+
+
+def host_available_bytes() -> tuple[int, str]:
+    """The machine's MemAvailable (where /proc says it), else its available physical pages."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -42,13 +57,18 @@ def available_bytes() -> tuple[int, str]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), "available physical pages"
 
 
-def room_for_a_copy(need: int, what: str) -> None:
-    """Raise ResourceError when a copy a probe is about to make (`need` bytes: `what`) would take more than half the
-    free memory: the probe then says so, where the copy would have run the machine out of memory."""
-    free, where = available_bytes()
-    if need > free // 2:
-        raise ResourceError(f"{what} needs {need / 2**30:.1f} GiB: more than half the {where} "
-                            f"({free / 2**30:.1f} GiB)")
+def room_for_a_copy(tensors, what: str, element_size: int | None = None) -> None:
+    """Raise ResourceError when a copy of `tensors` a probe is about to make (`what`; at `element_size` bytes an
+    element, else their own) would take more than half the free memory of the device it lands on: the probe then
+    says so, where the copy would have run the machine out of memory."""
+    need: dict[torch.device, int] = {}
+    for t in tensors:
+        need[t.device] = need.get(t.device, 0) + t.numel() * (element_size or t.element_size())
+    for device, bytes_needed in need.items():
+        free = free_on(device)
+        if free is not None and bytes_needed > free[0] // 2:
+            raise ResourceError(f"{what} needs {bytes_needed / 2**30:.1f} GiB: more than half the {free[1]} "
+                                f"({free[0] / 2**30:.1f} GiB)")
 
 
 def estimated_load_bytes(target) -> int:

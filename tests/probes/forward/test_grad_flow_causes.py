@@ -343,7 +343,7 @@ def test_zero_gradients_too_large_to_shift_stay_unexplained_and_say_why(family, 
     prepared, target, layer, hidden, dtype = _llama(family)
     layer.mlp = Gated(layer.mlp, hidden, dtype, False)
     before = {n: p.detach().clone() for n, p in prepared.model.named_parameters()}
-    monkeypatch.setattr(memory, "available_bytes", lambda: (1024, "MemAvailable of this machine"))
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: (1024, "MemAvailable of this machine"))
     result, finding = _finding(prepared, target)
     extra = next(r for r in result.rows if r.name == "model.layers.0.mlp.extra.weight")
     assert extra.status == "zero" and extra.cause is None and result.zero_factors == []

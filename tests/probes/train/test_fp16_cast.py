@@ -61,10 +61,12 @@ def test_a_whole_model_cast_that_would_not_fit_is_refused_with_both_numbers(monk
     model = ReadsItsChildsWeight()
     before = fingerprint(model)
     need = sum(t.numel() * 4 for t in [*model.parameters(), *model.buffers()])
-    monkeypatch.setattr(memory, "available_bytes", lambda: (2 * need - 2, "MemAvailable of this machine"))
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: (2 * need - 2, "MemAvailable of this machine"))
     with pytest.raises(memory.ResourceError, match=r"an fp32 copy of 3 weights and buffers, which needs 0\.0 GiB: "
                                                    r"more than half the MemAvailable of this machine"):
         fp16._fp32_forward(model, {"x": torch.ones(2, 8)}, set())
     assert fingerprint(model) == before
-    monkeypatch.setattr(memory, "available_bytes", lambda: (2 * need, "MemAvailable of this machine"))
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: (2 * need, "MemAvailable of this machine"))
     assert fp16._fp32_forward(model, {"x": torch.ones(2, 8)}, set()).half  # exactly half fits
+    # each copy is held against the memory of the device it lands on: none to read for meta tensors
+    memory.room_for_a_copy([torch.empty(2**30, device="meta")], "a meta copy")

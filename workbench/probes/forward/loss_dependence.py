@@ -105,8 +105,7 @@ def _shifted(params: Sequence[nn.Parameter], floor: float = 0.0, step: float = R
     whose gradients are almost all zero gets here with most of its weights (a detached loss, a checkpoint of zeros),
     and at 7B that copy is a second 16 GB, with the shifted weights written in place (a mapped checkpoint's pages
     copied on write) on top."""
-    room_for_a_copy(sum(p.numel() * p.element_size() for p in params),
-                    f"shifting {len(params)} tensors keeps a copy of them to put back, which")
+    room_for_a_copy(params, f"shifting {len(params)} tensors keeps a copy of them to put back, which")
     saved = [p.detach().clone() for p in params]
     generator = torch.Generator().manual_seed(_SEED)
     try:

@@ -259,7 +259,7 @@ def _cast_whole_model(model):
     """Every weight and buffer not in fp32 cast to fp32 for the forward, put back after; ResourceError (the probe's
     `error`, saying both numbers) where those fp32 copies would take more than half the free memory."""
     saved = [(t, t.data) for t in _off_fp32([*model.parameters(), *model.buffers()])]
-    room_for_a_copy(sum(t.numel() * 4 for t, _ in saved), f"an fp32 copy of {len(saved)} weights and buffers, which")
+    room_for_a_copy([t for t, _ in saved], f"an fp32 copy of {len(saved)} weights and buffers, which", element_size=4)
     try:
         for t, data in saved:
             t.data = data.float()
