@@ -412,8 +412,9 @@ LOW_MEMORY = 1.5 * 2**30  # the watchdog's floor of MemAvailable: below it the d
 
 
 def _available() -> int:
-    with open("/proc/meminfo") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+    from workbench.model.memory import host_available_bytes
+
+    return host_available_bytes()[0]
 
 
 def watched(cmd: list[str], log: Path) -> dict:

@@ -459,7 +459,8 @@ CHECKS: tuple[Check, ...] = (
                   "detaches them (its file:line), a backward that drops a gradient the loss depends on; or the step "
                   "raises in the model's own transformers code on any batch, a known incompatibility of the stack "
                   "(the raising file:line read from the traceback, the versions, the condition; the same step "
-                  "without autocast run once to check the fix)",
+                  "without autocast run once to check the fix); zero gradients whose shift would copy more than "
+                  "half the free memory stay unexplained, and it says why",
           "error": "the step itself crashed",
           "skip": "nothing trainable, or every trainable tensor offloaded (cpu/disk device map)"}),
     _c("forward.mixed_precision_buffers", "04_forward_checks",
@@ -809,7 +810,8 @@ CHECKS: tuple[Check, ...] = (
                   "that does not use fp16, not read)",
           "warn": "under 4 bits of headroom, or a model type vLLM refuses to run in fp16 (its list kept as data)",
           "fail": "a trainable fp16 parameter under fp16=True, or an activation that overflows fp16",
-          "error": "the fp32 forward did not run (no batch this model accepts)",
+          "error": "the fp32 forward did not run (no batch this model accepts, or the fp32 copy of the weights it "
+                   "needs would take more than half the free memory: both numbers given)",
           "skip": "no configuration to read"}),
     _c("train.ddp_checkpointing", "09_training_step",
        "Under DDP with activation checkpointing, does the run land in the cell that raises \"Expected to mark a "

@@ -370,7 +370,9 @@ def test_a_cpu_plan_says_why_it_did_not_measure_the_malloc(tmp_path, monkeypatch
     failed = host_heap.measured_heap(setup.replace(peft={**LORA, "target_modules": ["no_such_proj"]}), 1)
     assert failed.rise_bytes is None and failed.reason.startswith("the real step failed: ") and "no_such_proj" in \
         failed.reason, failed.reason
-    monkeypatch.setattr(host_heap, "_available_bytes", lambda: 2**20)
+    import workbench.model.memory as memory
+
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: (2**20, "MemAvailable of this machine"))
     plan = make_plan(setup, measure_heap=True)
     assert plan.heap.rise_bytes is None and "this host's 0.0 GiB available" in plan.heap.reason
     assert any(n.startswith("glibc_heap not measured on this host (the step plans") for n in plan.step.notes)

@@ -60,17 +60,6 @@ def _not_measured(reason: str) -> HostHeap:
     return HostHeap(None, _malloc(), 0.0, reason)
 
 
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def model_config(config, dtype):
     """The config as the plan builds the model: in the plan's load dtype (`--dtype`)."""
     import copy
@@ -126,6 +115,8 @@ def measured_heap(setup, planned_peak_bytes: int) -> HostHeap:
     is +74 %), which must fit this host's available memory before anything runs."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    from workbench.model.memory import host_available_bytes
+
     if setup.setup == "qlora":
         return _not_measured("a QLoRA set-up: bitsandbytes quantizes weights as it loads them, and the model built "
                              "here loads none")
@@ -134,8 +125,8 @@ def measured_heap(setup, planned_peak_bytes: int) -> HostHeap:
     names = list(getattr(setup.config, "architectures", None) or [])
     if names and not set(names) & set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
         return _not_measured(f"{names[0]} is not a causal LM, and the real step trains token labels")
-    available = _available_bytes()
-    if available is not None and 2 * planned_peak_bytes > available:
+    available, _ = host_available_bytes()
+    if 2 * planned_peak_bytes > available:
         return _not_measured(f"the step plans {planned_peak_bytes / 2**30:.1f} GiB, and a real one may hold twice "
                              f"that: more than this host's {available / 2**30:.1f} GiB available")
     start = time.monotonic()
