@@ -28,7 +28,8 @@ def test_jupyterlab_opens_the_panel_and_diagnoses_the_demo_with_a_click(demo, br
     notebooks = shutil.copytree(NOTEBOOK_DIR, tmp_path / "notebooks")
     with lab_server(notebooks, state_dir=tmp_path / "lab", env={"WORKBENCH_CACHE": str(demo.root.parent)}) as lab:
         page.goto(lab.url)
-        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90_000)
+        # a shown cell: the notebooks open in turn, and a hidden tab's cells may come first in the page
+        page.wait_for_selector(".jp-Notebook .jp-CodeCell:visible", timeout=90_000)
         labels = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel")
         labels.filter(has_text="04_forward_checks.ipynb").first.wait_for(timeout=90_000)  # the notebooks open in turn
         tabs = labels.all_inner_texts()
