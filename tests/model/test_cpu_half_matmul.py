@@ -84,3 +84,33 @@ def test_grad_flow_of_a_full_fine_tune_matches_the_stacks_backward(family, name)
         assert "computed in fp32" in kernels and "pytorch/pytorch#146508" in kernels
     else:
         assert "backward_kernels" not in evidence
+
+
+def test_the_route_is_asked_only_for_the_slow_dtypes_a_model_multiplies_in(monkeypatch):
+    import workbench.model.cpu_half_matmul as route
+
+    monkeypatch.setattr(route, "slow_half_dtypes", lambda: (torch.bfloat16, torch.float16))  # an AVX2 CPU's answer
+    fp32 = torch.nn.Linear(4, 4)
+    assert route.slow_half_dtypes_of(fp32) == ()
+    assert route.slow_half_dtypes_of(fp32, torch.bfloat16) == (torch.bfloat16,)  # autocast computes in it
+    assert route.slow_half_dtypes_of(torch.nn.Linear(4, 4).half(), torch.float16) == (torch.float16,)
+    quantized = torch.nn.Module()
+    quantized.weight = torch.nn.Parameter(torch.zeros(4, dtype=torch.uint8), requires_grad=False)
+    assert route.slow_half_dtypes_of(quantized) == (torch.bfloat16, torch.float16)  # dequantized into any of them
+    monkeypatch.setattr(route, "slow_half_dtypes", lambda: ())  # a CPU with native half GEMMs
+    assert route.slow_half_dtypes_of(quantized, torch.bfloat16) == ()
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.bfloat16, 1.0), (torch.float16, 1.0), (torch.float16, 1e-7),
+                                          (torch.float16, 1e4), (torch.bfloat16, 0.0)])
+def test_a_gradient_norm_in_its_own_dtype_keeps_the_fp32_norms_verdict_and_value(dtype, scale):
+    """Tiny fp16 gradients (a norm under fp16's smallest normal number) and large ones (a norm past 65504) are taken
+    again in fp32; the others agree with the fp32 norm to the dtype's rounding."""
+    from workbench.probes.forward.grad_flow import _gradient_norm
+
+    torch.manual_seed(0)
+    grad = (torch.randn(64, 64) * scale).to(dtype)
+    expected = float(grad.float().norm())
+    status, norm = _gradient_norm(grad)
+    assert status == ("ok" if expected > 0 else "zero")
+    assert norm == pytest.approx(expected, rel=2 ** -8)

@@ -6,6 +6,7 @@ under autocast: autocast state is thread-local, which is how DataParallel's repl
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 from typing import Any
@@ -32,6 +33,18 @@ def autocast(device_type: str, dtype: torch.dtype):
     if dtype not in (torch.bfloat16, torch.float16):
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=dtype)
+
+
+@functools.cache
+def autocast_reaches_a_new_thread(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether a thread started under autocast runs under it, asked of torch: a thread reads
+    torch.is_autocast_enabled while the starting thread holds autocast (torch 2.13 keeps its state per thread: no)."""
+    seen: dict[str, bool] = {}
+    with autocast(device_type, dtype):
+        reader = threading.Thread(target=lambda: seen.update(on=torch.is_autocast_enabled(device_type)))
+        reader.start()
+        reader.join()
+    return seen["on"]
 
 
 def run_forward(model: nn.Module, inputs: dict, context: str, compute_dtype: torch.dtype, grad: bool = False):

@@ -204,3 +204,28 @@ def test_the_matrix_runs_each_distinct_forward_once_and_a_cell_it_does_not_run_e
     assert [c.same_as for c in run_matrix(fp32, {"input": torch.ones(2, 4)}, torch.float32)[0]][:3] == [
         None, "no autocast (autocast does not cast to float32: no context)",
         "no autocast (autocast does not cast to float32: no context)"]
+
+
+def test_the_train_autocast_cell_is_grad_flows_forward_when_it_ran_first(demo):
+    """grad.flow's training step is the train / autocast forward of the accepted batch: the matrix run after it
+    reads that cell (and says whose forward it is) instead of running it, and it equals the cell run anew."""
+    import dataclasses
+
+    from workbench.model.batch import target_inputs
+    from workbench.probes.forward.grad_flow import grad_flow_probe
+    from workbench.probes.forward.scenarios import run_matrix
+
+    target = resolve_target(str(demo.qwen_base))
+    prepared = prepare_model(target)
+    model = prepared.model
+    assert grad_flow_probe(prepared, target).findings()[0].verdict == "pass"
+    calls = []
+    hook = model.register_forward_pre_hook(lambda module, args: calls.append(module.training))
+    report = forward_scenarios_probe(prepared, target)
+    hook.remove()
+    assert calls == [False, True]  # eval / autocast, train / no autocast (traced): train / autocast not run again
+    shared = next(c for c in report.cells if (c.variant, c.mode, c.context) == ("as prepared", "train", "autocast"))
+    assert shared.same_as == "grad.flow's training step (train, autocast, these inputs)"
+    inputs, _ = target_inputs(model, target)
+    fresh = next(c for c in run_matrix(model, inputs, torch.bfloat16)[0] if (c.mode, c.context) == ("train", "autocast"))
+    assert dataclasses.replace(shared, same_as=None) == fresh

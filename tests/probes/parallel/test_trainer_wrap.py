@@ -33,7 +33,24 @@ def test_replica_thread_runs_without_the_callers_autocast(demo):
     main, replica, bare = replica_forward_check(prepared.model, inputs, torch.bfloat16)
     assert main.ok and main.autocast_active
     assert not replica.autocast_active and not replica.ok and "BFloat16" in replica.error
-    assert not bare.ok
+    assert not bare.ok and bare.error == replica.error and bare.same_as.startswith("the replica thread's forward")
+
+
+def test_the_main_threads_forward_without_autocast_runs_where_a_new_thread_would_keep_autocast(demo, monkeypatch):
+    """The replica's forward stands for the main thread's without autocast only where torch says a new thread runs
+    without it: told otherwise, all three forwards run."""
+    import workbench.probes.parallel.replica as replica_module
+
+    prepared = prepare_model(resolve_target(str(demo.qwen_base)))
+    inputs, _ = sample_inputs(prepared.model, demo.qwen_base)
+    forwards = []
+    prepared.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    assert [o.same_as is None for o in replica_forward_check(prepared.model, inputs, torch.bfloat16)] == \
+        [True, True, False] and len(forwards) == 2
+    monkeypatch.setattr(replica_module, "autocast_reaches_a_new_thread", lambda device_type, dtype: True)
+    forwards.clear()
+    outcomes = replica_forward_check(prepared.model, inputs, torch.bfloat16)
+    assert len(forwards) == 3 and all(o.same_as is None and o.ok for o in outcomes)
 
 
 def test_healthy_bf16_model_on_two_gpus_warns_and_stays_runnable(demo):

@@ -20,7 +20,7 @@ from torch import nn
 from workbench.display.nodes import Details, Display, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.model.batch import target_inputs
+from workbench.model.batch import remember_forward, target_inputs
 from workbench.model.bnb_cpu_layout import (
     bitsandbytes_version,
     held_layout_note,
@@ -30,7 +30,7 @@ from workbench.model.bnb_cpu_layout import (
 )
 from workbench.model.checkpointing import checkpointing_state
 from workbench.model.components import ComponentClassifier
-from workbench.model.cpu_half_matmul import describe, fp32_half_matmul
+from workbench.model.cpu_half_matmul import describe, fp32_half_matmul, slow_half_dtypes_of
 from workbench.model.dtypes import compute_dtype_of
 from workbench.model.forward import autocast as autocast_in
 from workbench.model.forward import device_type_of
@@ -288,6 +288,17 @@ def _seeded(model: nn.Module):
         yield
 
 
+def _gradient_norm(grad: torch.Tensor) -> tuple[str, float]:
+    """("ok" | "zero", the L2 norm). Taken in the gradient's own dtype: torch accumulates a half-precision norm in
+    fp32 and rounds only the result, where a cast first copies the whole gradient (0.7 s over a 2.6 GB bf16
+    Llama's). A result that is zero, infinite or below the dtype's smallest normal number (fp16 from 6e-5) can be
+    that rounding's doing: taken again in fp32."""
+    norm = float(grad.norm())
+    if grad.dtype != torch.float32 and not torch.finfo(grad.dtype).tiny <= norm < math.inf:
+        norm = float(grad.float().norm())
+    return ("ok" if norm > 0 else "zero"), norm
+
+
 def grad_flow_probe(prepared, target) -> GradFlowResult:
     model = prepared.model
     if not any(p.requires_grad for p in model.parameters()):  # e.g. an adapter loaded for inference (plain)
@@ -309,8 +320,7 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
     for name, p in model.named_parameters():
         if p.requires_grad:
             def record(param, name=name):
-                norm = float(param.grad.detach().float().norm())
-                seen[name] = ("ok" if norm > 0 else "zero", norm)
+                seen[name] = _gradient_norm(param.grad.detach())
                 param.grad = None
             handles.append(p.register_post_accumulate_grad_hook(record))
     # how each trainable tensor reaches the loss, traced op by op: for those that get no gradient, the cause
@@ -322,14 +332,18 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
 
     try:
         with _seeded(model), autocast(), tracer:
-            loss = loss_of(model(**inputs))
+            output = model(**inputs)
+            loss = loss_of(output)
+        if compute_dtype_of(model) in (torch.bfloat16, torch.float16):  # the forward matrix's train / autocast cell
+            remember_forward(model, target, inputs, "train", "autocast", output, "grad.flow's training step")
+        del output
         reach = tracer.reach_of(loss)
         loss_value = float(loss.detach().float())
         if not math.isfinite(loss_value):  # NaN != NaN: every shift would read as "the loss moves"
             raise FloatingPointError(f"the loss of this batch is {loss_value} (every label masked, or the forward "
                                      "overflowed), so no gradient verdict is possible")
-        with _seeded(model), (fp32_half_matmul() if device_type_of(model) == "cpu"
-                              else contextlib.nullcontext()) as promoted:
+        with _seeded(model), (fp32_half_matmul(slow_half_dtypes_of(model, compute_dtype_of(model)))
+                              if device_type_of(model) == "cpu" else contextlib.nullcontext()) as promoted:
             loss.backward()
     except Exception as exc:  # noqa: BLE001 - e.g. "element 0 of tensors does not require grad"
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -370,7 +384,8 @@ def _step_without_autocast(model: nn.Module, inputs: dict) -> dict[str, Any]:
     model.zero_grad(set_to_none=True)
     try:
         loss = loss_of(model(**inputs))
-        with fp32_half_matmul() if device_type_of(model) == "cpu" else contextlib.nullcontext():
+        with (fp32_half_matmul(slow_half_dtypes_of(model)) if device_type_of(model) == "cpu"
+              else contextlib.nullcontext()):
             loss.backward()
         return {"loss": float(loss.detach().float())}
     except Exception as exc:  # noqa: BLE001 - the answer is the exception

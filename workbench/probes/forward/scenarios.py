@@ -3,7 +3,8 @@
 Cells: eval / train mode x (no autocast | autocast in the main thread | a replica thread started under autocast)
 x (the prepared model | its base with adapters disabled, when PEFT is involved). Each cell records pass/fail, the
 exception, output dtype and shape, NaN/inf. Only distinct forwards run: the eval / no-autocast cell is the forward
-that accepted the batch (`model.batch`), read from it; a context that is no autocast for this
+that accepted the batch (`model.batch`), read from it, and so is a cell another probe already ran on that batch
+(grad.flow's training step is the train / autocast forward); a context that is no autocast for this
 model and this torch takes its mode's no-autocast result (`same_as`) — the replica thread, where a thread started
 under autocast runs without it (asked of torch in such a thread: its state is per thread, how DataParallel's
 replicas lose it), and autocast itself for a compute dtype it does not cast to (fp32). The train / no-autocast cell
@@ -14,9 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import re
-import threading
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ from workbench.model.batch import accepted_batch
 from workbench.model.bnb_cpu_layout import held_layout_note, keep_training_layout
 from workbench.model.dtypes import compute_dtype_of
 from workbench.model.finiteness import all_finite
-from workbench.model.forward import autocast, device_type_of, logits_of, run_forward
+from workbench.model.forward import autocast_reaches_a_new_thread, device_type_of, logits_of, run_forward
 from workbench.model.memory import free_memory
 from workbench.model.tracer import DtypeTracer
 from workbench.probes.forward.library_dtype_break import library_break_fix, library_dtype_break
@@ -74,18 +73,6 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
-@functools.cache
-def autocast_reaches_a_new_thread(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether a thread started under autocast runs under it, asked of torch: a thread reads
-    torch.is_autocast_enabled while the starting thread holds autocast (torch 2.13 keeps its state per thread: no)."""
-    seen: dict[str, bool] = {}
-    with autocast(device_type, dtype):
-        reader = threading.Thread(target=lambda: seen.update(on=torch.is_autocast_enabled(device_type)))
-        reader.start()
-        reader.join()
-    return seen["on"]
-
-
 def same_forward_as(context: str, device_type: str, compute_dtype: torch.dtype) -> tuple[str, str] | None:
     """(the context whose forward `context` runs for this model and this torch, why); None where it is its own."""
     if context == "no autocast":
@@ -105,9 +92,18 @@ BATCH_CHECK = ("as prepared", "eval", "no autocast")  # the forward that accepte
 
 
 def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype,
-               eval_logits: tuple[str, tuple, bool] | None = None) -> tuple[list[Cell], DtypeTracer]:
+               eval_logits: tuple[str, tuple, bool] | None = None,
+               ran_before: dict[tuple[str, str], tuple[tuple[str, tuple, bool], str]] | None = None,
+               ) -> tuple[list[Cell], DtypeTracer]:
     """The cells, and the dtype tracer of the TRACED cell's forward. `eval_logits`: the BATCH_CHECK cell's result
-    (dtype, shape, all finite), from the forward that accepted the batch on these inputs."""
+    (dtype, shape, all finite), from the forward that accepted the batch on these inputs. `ran_before`: forwards
+    of the model as prepared on these inputs that other steps ran, by (mode, context): (that result, which step);
+    each is its cell, not run again — except the TRACED one, whose forward the dtype flow reads."""
+    known = {("as prepared", mode, context): (summary, f"{by} ({mode}, {context}, these inputs)")
+             for (mode, context), (summary, by) in (ran_before or {}).items()}
+    known.pop(TRACED, None)
+    if eval_logits is not None:
+        known[BATCH_CHECK] = (eval_logits, "the forward that accepted the batch (eval, no autocast, these inputs)")
     cells: list[Cell] = []
     was_training = model.training
     same = {c: same_forward_as(c, device_type_of(model), compute_dtype) for c in CONTEXTS}
@@ -123,11 +119,10 @@ def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype,
                             base, why = same[context]
                             cells.append(dataclasses.replace(ran[base], context=context, same_as=f"{base} ({why})"))
                             continue
-                        if eval_logits is not None and (variant, mode, context) == BATCH_CHECK:
-                            dtype, shape, finite = eval_logits
+                        if (variant, mode, context) in known:
+                            (dtype, shape, finite), by = known[(variant, mode, context)]
                             ran[context] = Cell(variant, mode, context, True, None, dtype, shape, not finite,
-                                                same_as="the forward that accepted the batch (eval, no autocast, "
-                                                        "these inputs)")
+                                                same_as=by)
                             cells.append(ran[context])
                             continue
                         with traced if (variant, mode, context) == TRACED else contextlib.nullcontext():
@@ -266,7 +261,7 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
     compute = compute_dtype_of(model)
     batch = accepted_batch(model, target)  # a batch the model accepts, or BatchNotAccepted: an `error`
     inputs, how = batch.labeled, batch.how
-    cells, tracer = run_matrix(model, inputs, compute, batch.eval_logits)
+    cells, tracer = run_matrix(model, inputs, compute, batch.eval_logits, batch.forwards)
     failing = next((c for c in cells if not c.ok), None)
     chosen = failing or Cell(*TRACED, True)
     if (chosen.variant, chosen.mode, chosen.context) != TRACED:  # a cell before it failed: trace that forward

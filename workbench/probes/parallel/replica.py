@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.model.forward import autocast
+from workbench.model.forward import autocast, autocast_reaches_a_new_thread
 from workbench.model.loading import first_device
 
 
@@ -26,6 +26,7 @@ class ForwardOutcome:
     autocast_active: bool  # was autocast enabled where the forward ran?
     output_dtype: str | None = None
     error: str | None = None
+    same_as: str | None = None  # the forward this row is (not run again), and why
 
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -46,7 +47,10 @@ def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) ->
 
 def replica_forward_check(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> list[ForwardOutcome]:
     """Three forwards in training mode: main thread under autocast (a single-GPU Trainer), a worker thread started
-    under autocast (a DataParallel replica), the main thread with no autocast (a wrapped model in Trainer >= 4.30)."""
+    under autocast (a DataParallel replica), the main thread with no autocast (a wrapped model in Trainer >= 4.30).
+    The third is the replica's forward, not run again, where torch says a thread started under autocast runs
+    without it (`autocast_reaches_a_new_thread`, torch 2.13: always) and the replica ran without it: the same model,
+    mode, inputs and grad mode, with autocast off."""
     device_type = first_device(model).type
     was_training = model.training
     model.train()
@@ -60,8 +64,15 @@ def replica_forward_check(model: nn.Module, inputs: dict, compute_dtype: torch.d
                                                       device_type)))
             worker.start()
             worker.join()
-            outcomes.append(holder[0])
-        outcomes.append(_forward(model, inputs, "main thread, no autocast", device_type))
+            replica = holder[0]
+            outcomes.append(replica)
+        if not replica.autocast_active and not autocast_reaches_a_new_thread(device_type, compute_dtype):
+            outcomes.append(dataclasses.replace(
+                replica, scenario="main thread, no autocast",
+                same_as="the replica thread's forward (a thread started under autocast runs without it: torch keeps "
+                        "autocast's state per thread)"))
+        else:
+            outcomes.append(_forward(model, inputs, "main thread, no autocast", device_type))
     finally:
         model.train(was_training)
     return outcomes
