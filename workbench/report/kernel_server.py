@@ -3,7 +3,8 @@ diagnoses.
 
 A kernel's start-up is mostly importing torch, transformers and pandas (`kernel_imports.WARM_UP`: about 4.7 s of
 CPU on 2 cores), a torchrun rank's importing `transformers.trainer` (about 6 s), paid again by every process. A
-kernel server pays it once: it imports both, then forks a process for each request, the child taking the
+kernel server pays it once: it imports both, and peft with bitsandbytes (about 2.7 s more, which a diagnosis's
+notebooks 01 and 03 import), then forks a process for each request, the child taking the
 requester's environment, working folder, standard streams and arguments. The child becomes the kernel
 `python -m ipykernel_launcher` would start, or the rank `python -m MODULE` would be, its imports already done.
 
@@ -128,6 +129,7 @@ class KernelServer:
         self.base_env = dict(os.environ)
         exec(compile(WARM_UP, "<kernel warm-up>", "exec"), {})  # noqa: S102 - the module's own constant
         import transformers.trainer  # noqa: F401 - what a torchrun rank imports first; the notebooks import it later
+        import peft  # noqa: F401 - and bitsandbytes with it: every diagnosis's notebooks 01 and 03 import them (2.7 s)
 
         gc.freeze()  # what the imports made stays shared with the kernels, untouched by their collections
 
