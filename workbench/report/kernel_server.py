@@ -128,8 +128,8 @@ class KernelServer:
         quiet_and_offline()
         self.base_env = dict(os.environ)
         exec(compile(WARM_UP, "<kernel warm-up>", "exec"), {})  # noqa: S102 - the module's own constant
-        import transformers.trainer  # noqa: F401 - what a torchrun rank imports first; the notebooks import it later
         import peft  # noqa: F401 - and bitsandbytes with it: every diagnosis's notebooks 01 and 03 import them (2.7 s)
+        import transformers.trainer  # noqa: F401 - what a torchrun rank imports first; the notebooks import it later
 
         gc.freeze()  # what the imports made stays shared with the kernels, untouched by their collections
 
