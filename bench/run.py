@@ -400,7 +400,8 @@ def scaling_rows(rows: list, workdir: Path, repeats: int, sizes: list[str] | Non
         rows.append((f"`diagnose` of a {size / 1e9:.2f} GB Llama (every notebook) vs load + one forward in a fresh "
                      "process", stats([r["seconds"] for r in runs]), stats([r["seconds"] for r in naive]),
                      f"{ratio:.1f}× the load + forward",
-                     f"{report['cost']['model_loads']} model load(s), {report['cost']['kernels_started']} kernel; "
+                     f"{report['cost']['model_loads']} model load(s), {report['cost']['kernels_started']} kernel, "
+                     f"{forwards_of(report['cost'])}; "
                      f"peak anonymous RSS of one process {sampled['anon_one'] / size:.2f}× the checkpoint; "
                      f"slowest steps (last run): {slowest_steps(report['cost'])}; goal ≤ 2× (issue 38)"))
     if not sizes or "7b" in sizes:
@@ -472,7 +473,15 @@ def sparse_7b_row(rows: list, workdir: Path) -> None:
 def slowest_steps(cost: dict, n: int = 4) -> str:
     """The report's `n` slowest probe steps, "notebook/step seconds" each (its cost block's `steps`)."""
     steps = sorted(cost.get("steps") or [], key=lambda s: -s["seconds"])[:n]
-    return ", ".join(f"{s['notebook'][:2]}/{s['step']} {s['seconds']:.1f} s" for s in steps) or "not recorded"
+    return ", ".join(f"{s['notebook'][:2]}/{s['step']} {s['seconds']:.1f} s"
+                     + (f" ({s['forwards']} forwards)" if s.get("forwards") else "") for s in steps) or "not recorded"
+
+
+def forwards_of(cost: dict) -> str:
+    """The full-model forwards of a diagnosis (its cost block's steps), and how many ran with autograd."""
+    steps = cost.get("steps") or []
+    total, with_grad = sum(s.get("forwards", 0) for s in steps), sum(s.get("forwards_with_grad", 0) for s in steps)
+    return f"{total} full-model forwards ({with_grad} with autograd)"
 
 
 def memory_of_a_diagnosis(workdir: Path) -> dict:

@@ -33,6 +33,7 @@ from workbench.catalog import NOTEBOOKS
 from workbench.display.result import Displayable
 from workbench.errors import NotApplicable
 from workbench.findings import Finding, sort_findings, write_json_atomic
+from workbench.model.passes import counted_passes
 
 
 @dataclasses.dataclass(repr=False)
@@ -139,12 +140,15 @@ class FindingsRecorder(Displayable):
                         {"depends_on": dep.step, "depends_on_checks": list(dep.checks)}, "Fix the step it depends on.")
                 for c in checks])
             return Failed(step, msg, checks=checks)
-        started = time.perf_counter()
-        try:
-            return self._call(func, args, kwargs, step, declared, checks)
-        finally:  # the step's own time, the probe and the judgment of its result (a re-run replaces it)
-            self.step_seconds[step] = {"step": step, "checks": list(checks),
-                                       "seconds": round(time.perf_counter() - started, 3)}
+        with counted_passes() as passes:
+            started = time.perf_counter()
+            try:
+                return self._call(func, args, kwargs, step, declared, checks)
+            finally:  # the step's own time and full-model forwards, the probe and the judgment of its result (a
+                # re-run replaces it)
+                self.step_seconds[step] = {"step": step, "checks": list(checks),
+                                           "seconds": round(time.perf_counter() - started, 3),
+                                           "forwards": passes.forwards, "forwards_with_grad": passes.with_grad}
 
     def _call(self, func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], step: str,
               declared: tuple[str, ...] | None, checks: tuple[str, ...]) -> Any:

@@ -57,9 +57,11 @@ def _cost(report: dict[str, Any]) -> Display:
         if isinstance(cost.get("steps"), list) else []
     steps = sorted(timed, key=lambda s: -s["seconds"])[:SLOWEST_STEPS]
     # a step that declares no check shows a result a later step judges (03's wrapping chain, 01's quantized census)
-    slowest = Table(["notebook", "step", "checks", "seconds"],
+    # full-model forwards (recorder: `model.passes`), "with autograd" those a backward follows; a report written
+    # before the count has none
+    slowest = Table(["notebook", "step", "checks", "seconds", "forwards"],
                     [[s.get("notebook", "?"), s.get("step", "?"), ", ".join(s.get("checks") or []) or "none declared",
-                      f"{s['seconds']:.2f}"] for s in steps], left=True) if steps else Display()
+                      f"{s['seconds']:.2f}", _forwards(s)] for s in steps], left=True) if steps else Display()
     return Display(Heading("Cost", level=2), retried, Paragraph(
         f"{cost['model_loads']} model loads"
         + (f" ({', '.join(f'{n} in {nb}' for nb, n in sorted(where.items()))})" if where else "")
@@ -69,6 +71,13 @@ def _cost(report: dict[str, Any]) -> Display:
         + f" · {cost['seconds']:.1f} s of notebooks"
         + (f" · peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "")), why,
         Paragraph(f"The slowest probe steps (of {len(timed)}):") if steps else None, slowest)
+
+
+def _forwards(step: dict) -> str:
+    forwards, with_grad = step.get("forwards"), step.get("forwards_with_grad")
+    if not isinstance(forwards, int):
+        return ""
+    return f"{forwards} ({with_grad} with autograd)" if with_grad else str(forwards)
 
 
 def index_view(report: dict[str, Any], lead: Display | None = None) -> Display:

@@ -1,0 +1,63 @@
+"""Full-model forwards counted for the cost block (`workbench.model.passes`): one per top-level model call, in
+whichever thread, nested wrappers once, meta-device skeletons not at all."""
+
+import threading
+
+import pytest
+import torch
+
+from workbench.model.passes import counted_passes
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_each_top_level_forward_counts_once_in_any_thread_and_with_autograd_apart(tiny_llama):
+    from peft import LoraConfig, get_peft_model
+
+    ids = torch.arange(8).unsqueeze(0)
+    with counted_passes() as passes:
+        with torch.no_grad():
+            tiny_llama(input_ids=ids)                                  # its 20-odd submodules are inside it
+        tiny_llama(input_ids=ids, labels=ids).loss.backward()
+        worker = threading.Thread(target=lambda: tiny_llama(input_ids=ids))  # a replica thread's own forward
+        worker.start()
+        worker.join()
+        tiny_llama.lm_head(torch.zeros(1, 16))                         # a lone submodule: no config, no pass
+    assert (passes.forwards, passes.with_grad) == (3, 2)
+    peft_model = get_peft_model(tiny_llama, LoraConfig(r=2, target_modules=["q_proj"]))
+    with counted_passes() as passes:
+        with torch.no_grad():
+            peft_model(input_ids=ids)                                  # PeftModel -> LoraModel -> the model: one
+    assert (passes.forwards, passes.with_grad) == (1, 0)
+    peft_model.unload()
+
+
+def test_a_raising_forward_leaves_the_count_right_and_the_hooks_go_with_the_block(tiny_llama):
+    ids = torch.arange(8).unsqueeze(0)
+    with counted_passes() as passes, torch.no_grad():
+        with pytest.raises(Exception):
+            tiny_llama(input_ids=ids.float())                          # raises inside the embedding
+        tiny_llama(input_ids=ids)
+    assert passes.forwards == 2
+    with torch.no_grad():
+        tiny_llama(input_ids=ids)
+    assert passes.forwards == 2  # outside the block: not counted
+
+
+def test_a_meta_skeleton_runs_no_pass():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        skeleton = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+    with counted_passes() as passes, torch.no_grad():
+        skeleton(input_ids=torch.arange(4, device="meta").unsqueeze(0))
+    assert passes.forwards == 0

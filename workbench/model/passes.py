@@ -1,0 +1,63 @@
+"""The full-model forwards a probe step runs, counted for the report's cost block (`recorder.run`).
+
+    with counted_passes() as passes:
+        grad_flow_probe(prepared, target)
+    passes.forwards, passes.with_grad        # 1, 1: one training step's forward
+
+A forward is a call of a module that carries a transformers `config` (a PreTrainedModel, or a PeftModel around one)
+made while no other module's forward runs in that thread: the PeftModel around a model, and the model inside it,
+are one forward; a DataParallel replica's thread counts its own. `with_grad` counts those run with autograd on,
+which a backward follows in the probes (grad.flow, the Trainer's steps). Forwards of a model on the meta device
+(the set-up predictions, the plan's skeleton) are not passes over weights and are left out. Counted with torch's
+global module hooks (`torch.nn.modules.module.register_module_forward_pre_hook`), removed when the block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import threading
+from collections.abc import Iterator
+
+
+@dataclasses.dataclass
+class Passes:
+    forwards: int = 0
+    with_grad: int = 0
+
+
+def _over_weights(module) -> bool:
+    first = next(module.parameters(), None)
+    return first is not None and first.device.type != "meta"
+
+
+@contextlib.contextmanager
+def counted_passes() -> Iterator[Passes]:
+    """Count the full-model forwards run inside the block; where torch has not been imported, nothing ran one."""
+    passes = Passes()
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield passes
+        return
+    depth = threading.local()
+
+    def before(module, _args):
+        level = getattr(depth, "level", 0)
+        depth.level = level + 1
+        if level == 0 and getattr(module, "config", None) is not None and _over_weights(module):
+            passes.forwards += 1
+            passes.with_grad += torch.is_grad_enabled()
+
+    def after(_module, _args, _output):
+        depth.level = getattr(depth, "level", 1) - 1
+
+    from torch.nn.modules import module as torch_module
+
+    handles = [torch_module.register_module_forward_pre_hook(before),
+               torch_module.register_module_forward_hook(after, always_call=True)]
+    try:
+        yield passes
+    finally:
+        for handle in handles:
+            handle.remove()
