@@ -474,7 +474,8 @@ def slowest_steps(cost: dict, n: int = 4) -> str:
     """The report's `n` slowest probe steps, "notebook/step seconds" each (its cost block's `steps`)."""
     steps = sorted(cost.get("steps") or [], key=lambda s: -s["seconds"])[:n]
     return ", ".join(f"{s['notebook'][:2]}/{s['step']} {s['seconds']:.1f} s"
-                     + (f" ({s['forwards']} forwards)" if s.get("forwards") else "") for s in steps) or "not recorded"
+                     + (f" ({s['forwards']} forward{'s' * (s['forwards'] != 1)})" if s.get("forwards") else "")
+                     for s in steps) or "not recorded"
 
 
 def forwards_of(cost: dict) -> str:
