@@ -475,6 +475,7 @@ def slowest_steps(cost: dict, n: int = 4) -> str:
     steps = sorted(cost.get("steps") or [], key=lambda s: -s["seconds"])[:n]
     return ", ".join(f"{s['notebook'][:2]}/{s['step']} {s['seconds']:.1f} s"
                      + (f" ({s['forwards']} forward{'s' * (s['forwards'] != 1)})" if s.get("forwards") else "")
+                     + (f" peak {s['peak_rss_bytes'] / 2**30:.1f} GiB" if s.get("peak_rss_bytes") else "")
                      for s in steps) or "not recorded"
 
 

@@ -132,7 +132,7 @@ def test_each_step_that_runs_is_timed_in_the_sidecar_and_a_rerun_replaces_its_ti
 
     clock = itertools.count(0.0, 0.25)  # each reading a quarter second after the one before
     monkeypatch.setattr("workbench.recorder.time.perf_counter", lambda: next(clock))
-    rec = recorder(tmp_path)
+    rec = FindingsRecorder(tmp_path / "findings.json", notebook="09_training_step", step_peaks=True)  # a kernel's
 
     def crashes():
         raise RuntimeError("boom")
@@ -147,6 +147,13 @@ def test_each_step_that_runs_is_timed_in_the_sidecar_and_a_rerun_replaces_its_ti
     rec.run(lambda _: None, failed, checks=("train.ddp_checkpointing",), step="ddp")  # its input failed: not run
     rec.save()
     steps = json.loads((tmp_path / "findings.json").read_text())["steps"]
+    # a diagnosis' kernel reads each step's peak memory; any other recorder (the callback's, your session's) not
+    peaks = [step.pop("peak_rss_bytes") for step in steps]
+    assert all(isinstance(p, int) and p > 0 for p in peaks), peaks
+    (tmp_path / "other").mkdir()
+    other = recorder(tmp_path / "other")
+    other.run(lambda: judged(("train.fp16", "pass")), checks=("train.fp16",), step="fp16")
+    assert "peak_rss_bytes" not in other.step_seconds["fp16"]
     none = {"forwards": 0, "forwards_with_grad": 0}  # no model ran: the full-model forwards each step counted
     assert steps == [{"step": "fp16", "checks": ["train.fp16"], "seconds": 0.25, **none},
                      {"step": "fsdp_units", "checks": ["train.fsdp_units"], "seconds": 0.25, **none},

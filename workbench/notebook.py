@@ -171,8 +171,9 @@ def open_notebook(name: str, parameters: Mapping[str, Any] | None = None, **opti
     values = {k: (parameters or {}).get(k, default) for k, default in NOTEBOOK_PARAMETERS.items()}
     values.update(options)
     values, _ = with_demo_fallback(values)
+    batch = bool(os.environ.get("WORKBENCH_BATCH"))  # a diagnosis' own kernel
     recorder = FindingsRecorder(values["findings_path"] or f"findings.{name}.json", notebook=name,
-                                interactive=not os.environ.get("WORKBENCH_BATCH"))
+                                interactive=not batch, step_peaks=batch)
     target = resolve_target(**{k: values[k] for k in TARGET_OPTIONS})
     if spec.needs_model:
         target.require_model()

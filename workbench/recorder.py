@@ -21,6 +21,7 @@ that dies still leaves what was found.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -34,6 +35,7 @@ from workbench.display.result import Displayable
 from workbench.errors import NotApplicable
 from workbench.findings import Finding, sort_findings, write_json_atomic
 from workbench.model.passes import counted_passes
+from workbench.peak_memory import step_peak_rss
 
 
 @dataclasses.dataclass(repr=False)
@@ -76,11 +78,16 @@ class Failed(Displayable):
 
 
 class FindingsRecorder(Displayable):
-    def __init__(self, path: str | Path, notebook: str, *, interactive: bool = False, autosave: bool = True) -> None:
+    def __init__(self, path: str | Path, notebook: str, *, interactive: bool = False, autosave: bool = True,
+                 step_peaks: bool = False) -> None:
         self.path = Path(path)
         self.notebook = notebook
         self.interactive = interactive
         self.autosave = autosave
+        # each step's peak memory, read by restarting the process' count (`peak_memory.step_peak_rss`): only in a
+        # process of the diagnosis' own (its kernel), never in a training process (the callback) or your session,
+        # whose own peak it would change
+        self.step_peaks = step_peaks
         self.answers: dict[str, tuple[str, Finding]] = {}  # check id -> (the step that answered it, its answer)
         self.declared: set[str] = set()  # check ids callers named beyond the catalog's
         # the catalog's notebooks report only declared ids; a notebook of your own declares its ids in its metadata,
@@ -140,15 +147,19 @@ class FindingsRecorder(Displayable):
                         {"depends_on": dep.step, "depends_on_checks": list(dep.checks)}, "Fix the step it depends on.")
                 for c in checks])
             return Failed(step, msg, checks=checks)
-        with counted_passes() as passes:
+        with counted_passes() as passes, \
+                (step_peak_rss() if self.step_peaks else contextlib.nullcontext([None])) as peak:
             started = time.perf_counter()
             try:
-                return self._call(func, args, kwargs, step, declared, checks)
+                result = self._call(func, args, kwargs, step, declared, checks)
             finally:  # the step's own time and full-model forwards, the probe and the judgment of its result (a
                 # re-run replaces it)
                 self.step_seconds[step] = {"step": step, "checks": list(checks),
                                            "seconds": round(time.perf_counter() - started, 3),
                                            "forwards": passes.forwards, "forwards_with_grad": passes.with_grad}
+        if peak[0] is not None:  # read as the block ends
+            self.step_seconds[step]["peak_rss_bytes"] = peak[0]
+        return result
 
     def _call(self, func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], step: str,
               declared: tuple[str, ...] | None, checks: tuple[str, ...]) -> Any:

@@ -67,8 +67,10 @@ def test_the_cost_names_the_slowest_probe_steps_first(tmp_path):
     shown = [f"step{i}" for i in range(len(steps)) if f"step{i} " in cost or f"step{i}\n" in cost]
     assert shown == [f"step{i}" for i in range(3, SLOWEST_STEPS + 3)]  # the eight slowest, the slowest first
     assert cost.index(f"step{SLOWEST_STEPS + 2}") < cost.index("step3")
-    report["cost"]["steps"][-1].update(forwards=3, forwards_with_grad=1)  # the full-model forwards it ran
+    # the full-model forwards it ran, and the kernel's peak memory during it
+    report["cost"]["steps"][-1].update(forwards=3, forwards_with_grad=1, peak_rss_bytes=1_230_000_000)
     assert "3 (1 with autograd)" in index_view(report).text().split("Cost", 1)[1]
+    assert "1.23 GB" in index_view(report).text().split("Cost", 1)[1]
     # a step that declares no check (its result judged by a later step)
     report["cost"]["steps"] = [{"notebook": "01_dtype_distribution", "step": "quantized", "checks": [], "seconds": 0.9}]
     assert "none declared" in index_view(report).text().split("Cost", 1)[1]

@@ -248,3 +248,39 @@ def test_on_a_gpu_each_devices_cache_and_peak_are_reset_and_without_a_cuda_conte
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("peak", device)))
     kernel_reset._reset_cuda_memory()
     assert calls == ["empty_cache", ("peak", 0), ("peak", 1)]
+
+
+PEAK_OF_A_STEP = """
+from workbench.peak_memory import peak_rss_bytes, step_peak_rss
+held = bytearray(300 * 2**20)
+held[::4096] = b"x" * len(held[::4096])
+del held
+process_peak = peak_rss_bytes()
+with step_peak_rss() as step:
+    small = bytearray(50 * 2**20)
+    small[::4096] = b"x" * len(small[::4096])
+print(step[0], process_peak, peak_rss_bytes())
+"""
+
+
+def test_a_steps_peak_is_its_own_and_the_process_keeps_its_peak():
+    """In a fresh interpreter: a step that touches 50 MB after the process held 300 MB reads its own peak (under
+    the process' peak), and the process' peak after the step is still the 300 MB one."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", PEAK_OF_A_STEP], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=60)
+    assert run.returncode == 0, run.stderr
+    step, process_peak, after = map(int, run.stdout.split())
+    assert step < process_peak - 200 * 2**20 and after >= process_peak > 300 * 2**20
+
+
+def test_a_step_where_the_peak_cannot_be_restarted_reads_none(monkeypatch):
+    import workbench.peak_memory as peak_memory
+
+    monkeypatch.setattr(peak_memory, "CLEAR_REFS", "/proc/self/no-such-file")
+    before = peak_memory.peak_rss_bytes()
+    with peak_memory.step_peak_rss() as step:
+        pass
+    assert step == [None] and peak_memory.peak_rss_bytes() >= before

@@ -164,7 +164,8 @@ def test_a_healthy_checkpoint_of_each_head_kind_diagnoses_clean_for_one_model_lo
     # the full-model forwards each step ran: grad.flow's training step one with autograd; the forward matrix only
     # those no earlier step ran on the batch (eval under autocast, the traced train cell)
     steps = {f"{s['notebook'][:2]}/{s['step']}": s for s in report["cost"]["steps"]}
-    assert all(isinstance(s["forwards"], int) for s in steps.values())
+    assert all(isinstance(s["forwards"], int) and s["peak_rss_bytes"] > 0 for s in steps.values())  # kernel's peak
+    assert max(s["peak_rss_bytes"] for s in steps.values()) <= report["cost"]["peak_rss_bytes"]
     assert steps["04/grads"]["forwards_with_grad"] == 1 and steps["04/forward"]["forwards"] <= 2, steps
     chain = next(f for f in findings if f.id == "peft.attributes")
     assert chain.evidence["raw_model_from"] == "a copy of the shared model's module tree (no load)"

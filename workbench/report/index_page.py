@@ -57,11 +57,12 @@ def _cost(report: dict[str, Any]) -> Display:
         if isinstance(cost.get("steps"), list) else []
     steps = sorted(timed, key=lambda s: -s["seconds"])[:SLOWEST_STEPS]
     # a step that declares no check shows a result a later step judges (03's wrapping chain, 01's quantized census)
-    # full-model forwards (recorder: `model.passes`), "with autograd" those a backward follows; a report written
-    # before the count has none
-    slowest = Table(["notebook", "step", "checks", "seconds", "forwards"],
+    # full-model forwards (recorder: `model.passes`), "with autograd" those a backward follows, and the kernel's
+    # peak resident memory during the step (`peak_memory.step_peak_rss`); a report written before either has none
+    slowest = Table(["notebook", "step", "checks", "seconds", "forwards", "peak memory"],
                     [[s.get("notebook", "?"), s.get("step", "?"), ", ".join(s.get("checks") or []) or "none declared",
-                      f"{s['seconds']:.2f}", _forwards(s)] for s in steps], left=True) if steps else Display()
+                      f"{s['seconds']:.2f}", _forwards(s), _gigabytes(s.get("peak_rss_bytes"))] for s in steps],
+                    left=True) if steps else Display()
     return Display(Heading("Cost", level=2), retried, Paragraph(
         f"{cost['model_loads']} model loads"
         + (f" ({', '.join(f'{n} in {nb}' for nb, n in sorted(where.items()))})" if where else "")
@@ -71,6 +72,10 @@ def _cost(report: dict[str, Any]) -> Display:
         + f" · {cost['seconds']:.1f} s of notebooks"
         + (f" · peak memory of the kernel {peak / 1e9:.2f} GB" if peak else "")), why,
         Paragraph(f"The slowest probe steps (of {len(timed)}):") if steps else None, slowest)
+
+
+def _gigabytes(value) -> str:
+    return f"{value / 1e9:.2f} GB" if isinstance(value, int) else ""
 
 
 def _forwards(step: dict) -> str:
