@@ -42,9 +42,10 @@ class AcceptedBatch:
     # where it ran without autocast: the forward matrix's eval / no-autocast cell is that same forward and reads it
     eval_logits: tuple[str, tuple, bool] | None = None
     # forwards a probe ran on `labeled` through the model as prepared, by (mode, context): ((logits dtype, shape,
-    # all finite), the step that ran it). The forward matrix reads such a cell instead of running it again
-    # (`remember_forward`; grad.flow's forward is the train / autocast cell)
-    forwards: dict[tuple[str, str], tuple[tuple[str, tuple, bool], str]] = dataclasses.field(default_factory=dict)
+    # all finite), the step that ran it, its dtype tracer where it ran under one). The forward matrix reads such a
+    # cell instead of running it again (`remember_forward`): grad.flow's forward is the train / autocast cell, and
+    # forward.mixed_precision_buffers' traced one the train / no-autocast cell where its cast changed nothing
+    forwards: dict[tuple[str, str], tuple[tuple[str, tuple, bool], str, Any]] = dataclasses.field(default_factory=dict)
 
 
 class BatchNotAccepted(RuntimeError):
@@ -126,16 +127,18 @@ def accepted_batch(model: nn.Module, target) -> AcceptedBatch:
     raise BatchNotAccepted(rejected)
 
 
-def remember_forward(model: nn.Module, target, inputs: dict, mode: str, context: str, output, by: str) -> None:
+def remember_forward(model: nn.Module, target, inputs: dict, mode: str, context: str, output, by: str,
+                     tracer=None) -> None:
     """Keep what a probe's forward of the accepted batch gave (`AcceptedBatch.forwards`): `inputs` must be that
-    batch's labeled inputs, the model as prepared; an output without logits is not kept."""
+    batch's labeled inputs, the model as prepared; an output without logits is not kept. `tracer`: the
+    `DtypeTracer` the forward ran under, if any."""
     batch = _ACCEPTED.get(model, {}).get(target.params.get("forward_inputs"))
     if batch is None or inputs is not batch.labeled:
         return
     with torch.no_grad():
         summary = _summary(output)
     if summary is not None:
-        batch.forwards[(mode, context)] = (summary, by)
+        batch.forwards[(mode, context)] = (summary, by, tracer)
 
 
 def target_inputs(model: nn.Module, target, labels: bool = True) -> tuple[dict, str]:

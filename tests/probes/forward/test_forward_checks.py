@@ -1,3 +1,6 @@
+import dataclasses
+
+import pytest
 import torch
 
 from workbench.model.setups import prepare_model
@@ -229,3 +232,32 @@ def test_the_train_autocast_cell_is_grad_flows_forward_when_it_ran_first(demo):
     inputs, _ = target_inputs(model, target)
     fresh = next(c for c in run_matrix(model, inputs, torch.bfloat16)[0] if (c.mode, c.context) == ("train", "autocast"))
     assert dataclasses.replace(shared, same_as=None) == fresh
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2_tied"])
+def test_the_traced_cell_is_the_buffer_probes_forward_where_its_cast_changed_nothing(family, name):
+    """Every parameter already in the compute dtype and no floating input: forward.mixed_precision_buffers' traced
+    forward is the model as prepared, train mode, no autocast, on the batch — the matrix's traced cell. Run after it
+    (and after grad.flow), the matrix runs only eval / autocast, and its cells, dtype flow and diagnosis equal those
+    of a matrix that runs every forward itself."""
+    from workbench.model.batch import _ACCEPTED
+
+    target = resolve_target(str(family(name)))
+    prepared = prepare_model(target)
+    model = prepared.model
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}  # what families.py saves: nothing to cast
+    alone = forward_scenarios_probe(prepared, target)  # every distinct forward of its own
+    _ACCEPTED.pop(model)  # the batch built again, with no forward remembered
+    grad_flow_probe(prepared, target)
+    assert mixed_precision_buffer_probe(prepared, target).findings()[0].verdict in ("pass", "info")
+    calls = []
+    hook = model.register_forward_pre_hook(lambda module, args: calls.append(module.training))
+    shared = forward_scenarios_probe(prepared, target)
+    hook.remove()
+    assert calls == [False]  # eval / autocast only
+    traced = next(c for c in shared.cells if (c.variant, c.mode, c.context) == ("as prepared", "train", "no autocast"))
+    assert traced.same_as == ("forward.mixed_precision_buffers' traced forward (train, no autocast, these inputs)")
+    assert [dataclasses.replace(c, same_as=None) for c in shared.cells] == \
+        [dataclasses.replace(c, same_as=None) for c in alone.cells]
+    assert shared.flow == alone.flow and shared.diagnosis == alone.diagnosis
+    assert [f.verdict for f in shared.findings()] == [f.verdict for f in alone.findings()]

@@ -21,7 +21,7 @@ from torch import nn
 from workbench.display.nodes import Display, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.model.batch import target_inputs
+from workbench.model.batch import remember_forward, target_inputs
 from workbench.model.components import ComponentClassifier, unwrap_model
 from workbench.model.dtypes import (
     compute_dtype_of,
@@ -114,9 +114,9 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
                 "module_frozen": off.module_frozen, "rotary": off.rotary, "intent": intent(off)}
                for off in off_compute_dtype(model, compute, kinds=("buffer",))]
     buffers.sort(key=lambda b: (b["rotary"], not b["module_frozen"], b["buffer"]))  # frozen modules first
-    inputs, how = target_inputs(model, target)  # a batch the model accepts, or BatchNotAccepted: an `error`
+    batch, how = target_inputs(model, target)  # a batch the model accepts, or BatchNotAccepted: an `error`
     # FSDP2's MixedPrecisionPolicy casts floating forward inputs to param_dtype too (cast_forward_inputs=True)
-    inputs = {k: v.to(compute) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
+    inputs = {k: v.to(compute) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
     saved: dict[nn.Parameter, torch.dtype] = {}
     kept: list[str] = []
     # what the class's own dtype plan keeps in fp32 at this compute dtype (`_keep_in_fp32_modules_strict`;
@@ -133,8 +133,14 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
                 p.data = p.data.to(compute)
         model.train()
         with DtypeTracer(model) as tracer:
-            _out, exc = run_forward(model, inputs, "no autocast", compute)
+            out, exc = run_forward(model, inputs, "no autocast", compute)
         library = library_dtype_break(model, tracer, compute) if exc is not None else None  # parameters still cast
+        if exc is None and not saved and all(inputs[k] is v for k, v in batch.items()):
+            # nothing was cast: this is the model as prepared, train mode, no autocast, on the batch, traced — the
+            # forward matrix's traced cell, which reads it rather than running it again
+            remember_forward(model, target, batch, "train", "no autocast", out, "forward.mixed_precision_buffers' "
+                             "traced forward", tracer=tracer)
+        del out
     finally:
         for p, dtype in saved.items():
             p.data = p.data.to(dtype)

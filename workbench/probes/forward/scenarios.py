@@ -4,7 +4,8 @@ Cells: eval / train mode x (no autocast | autocast in the main thread | a replic
 x (the prepared model | its base with adapters disabled, when PEFT is involved). Each cell records pass/fail, the
 exception, output dtype and shape, NaN/inf. Only distinct forwards run: the eval / no-autocast cell is the forward
 that accepted the batch (`model.batch`), read from it, and so is a cell another probe already ran on that batch
-(grad.flow's training step is the train / autocast forward); a context that is no autocast for this
+(grad.flow's training step is the train / autocast forward, forward.mixed_precision_buffers' traced forward the
+train / no-autocast one where its cast changed nothing); a context that is no autocast for this
 model and this torch takes its mode's no-autocast result (`same_as`) — the replica thread, where a thread started
 under autocast runs without it (asked of torch in such a thread: its state is per thread, how DataParallel's
 replicas lose it), and autocast itself for a compute dtype it does not cast to (fp32). The train / no-autocast cell
@@ -93,21 +94,24 @@ BATCH_CHECK = ("as prepared", "eval", "no autocast")  # the forward that accepte
 
 def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype,
                eval_logits: tuple[str, tuple, bool] | None = None,
-               ran_before: dict[tuple[str, str], tuple[tuple[str, tuple, bool], str]] | None = None,
+               ran_before: dict[tuple[str, str], tuple[tuple[str, tuple, bool], str, Any]] | None = None,
                ) -> tuple[list[Cell], DtypeTracer]:
     """The cells, and the dtype tracer of the TRACED cell's forward. `eval_logits`: the BATCH_CHECK cell's result
     (dtype, shape, all finite), from the forward that accepted the batch on these inputs. `ran_before`: forwards
-    of the model as prepared on these inputs that other steps ran, by (mode, context): (that result, which step);
-    each is its cell, not run again — except the TRACED one, whose forward the dtype flow reads."""
+    of the model as prepared on these inputs that other steps ran, by (mode, context): (that result, which step,
+    the dtype tracer it ran under or None); each is its cell, not run again — the TRACED one only where it ran
+    under a tracer, whose flow the dtype flow reads."""
     known = {("as prepared", mode, context): (summary, f"{by} ({mode}, {context}, these inputs)")
-             for (mode, context), (summary, by) in (ran_before or {}).items()}
-    known.pop(TRACED, None)
+             for (mode, context), (summary, by, _tracer) in (ran_before or {}).items()}
+    traced_before = (ran_before or {}).get(TRACED[1:], (None, None, None))[2]
+    if traced_before is None:
+        known.pop(TRACED, None)
     if eval_logits is not None:
         known[BATCH_CHECK] = (eval_logits, "the forward that accepted the batch (eval, no autocast, these inputs)")
     cells: list[Cell] = []
     was_training = model.training
     same = {c: same_forward_as(c, device_type_of(model), compute_dtype) for c in CONTEXTS}
-    traced = DtypeTracer(model)
+    traced = traced_before or DtypeTracer(model)
     try:
         for variant, ctx in _variants(model):
             with ctx:
