@@ -38,13 +38,11 @@ class AcceptedBatch:
     labeled: dict[str, Any]  # inputs with labels that fit the head (the same dict when the head takes none)
     how: str  # how the inputs were made, and their labels
     rejected: list[tuple[str, str]]  # (candidate, exception) tried before this one
-    # the accepting forward's logits (eval mode, no autocast, `inputs` as given here) as (dtype, shape, all finite),
-    # where it ran without autocast: the forward matrix's eval / no-autocast cell is that same forward and reads it
-    eval_logits: tuple[str, tuple, bool] | None = None
-    # forwards a probe ran on `labeled` through the model as prepared, by (mode, context): ((logits dtype, shape,
-    # all finite), the step that ran it, its dtype tracer where it ran under one). The forward matrix reads such a
-    # cell instead of running it again (`remember_forward`): grad.flow's forward is the train / autocast cell, and
-    # forward.mixed_precision_buffers' traced one the train / no-autocast cell where its cast changed nothing
+    # forwards run on `labeled` through the model as prepared, by (mode, context): ((logits dtype, shape, all
+    # finite), what ran it, its dtype tracer where it ran under one). The forward matrix reads such a cell instead of
+    # running it again: the accepting forward is the eval / no-autocast cell (where it ran without autocast),
+    # grad.flow's forward the train / autocast cell, and forward.mixed_precision_buffers' traced one the train /
+    # no-autocast cell where its cast changed nothing (`remember_forward`)
     forwards: dict[tuple[str, str], tuple[tuple[str, tuple, bool], str, Any]] = dataclasses.field(default_factory=dict)
 
 
@@ -114,13 +112,16 @@ def accepted_batch(model: nn.Module, target) -> AcceptedBatch:
         labeled = with_labels(model, inputs)
         error, output = _runs(model, labeled)
         if error is None:
-            batch = AcceptedBatch(inputs, labeled, f"{how}; {labels_how(model, labeled)}", rejected, output)
+            batch = AcceptedBatch(inputs, labeled, f"{how}; {labels_how(model, labeled)}", rejected)
         elif labeled is not inputs and (unlabeled := _runs(model, inputs))[0] is None:
             batch = AcceptedBatch(inputs, inputs, f"{how}; labels not accepted ({error}): loss from the outputs",
-                                  rejected, unlabeled[1])
+                                  rejected)
+            output = unlabeled[1]
         else:
             rejected.append((how, error))
             continue
+        if output is not None:  # it ran without autocast
+            batch.forwards[("eval", "no autocast")] = (output, "the forward that accepted the batch", None)
         _ACCEPTED.setdefault(model, {})[inputs_file] = batch
         return batch
     raise_if_declared_quantization_unapplied(model)  # the cause of every rejection, named (declared_quantization)

@@ -89,25 +89,19 @@ def same_forward_as(context: str, device_type: str, compute_dtype: torch.dtype) 
 TRACED = ("as prepared", "train", "no autocast")  # the cell the dtype flow traces when no cell fails before it
 
 
-BATCH_CHECK = ("as prepared", "eval", "no autocast")  # the forward that accepted the batch (model.batch)
-
-
 def run_matrix(model: nn.Module, inputs: dict, compute_dtype: torch.dtype,
-               eval_logits: tuple[str, tuple, bool] | None = None,
                ran_before: dict[tuple[str, str], tuple[tuple[str, tuple, bool], str, Any]] | None = None,
                ) -> tuple[list[Cell], DtypeTracer]:
-    """The cells, and the dtype tracer of the TRACED cell's forward. `eval_logits`: the BATCH_CHECK cell's result
-    (dtype, shape, all finite), from the forward that accepted the batch on these inputs. `ran_before`: forwards
-    of the model as prepared on these inputs that other steps ran, by (mode, context): (that result, which step,
-    the dtype tracer it ran under or None); each is its cell, not run again — the TRACED one only where it ran
-    under a tracer, whose flow the dtype flow reads."""
+    """The cells, and the dtype tracer of the TRACED cell's forward. `ran_before` (`AcceptedBatch.forwards`):
+    forwards of the model as prepared on these inputs that ran already (the batch check's, other steps'), by (mode,
+    context): ((logits dtype, shape, all finite), what ran it, the dtype tracer it ran under or None); each is its
+    cell, not run again — the TRACED one only where it ran under a tracer, whose flow the dtype flow reads."""
+    ran_before = ran_before or {}
     known = {("as prepared", mode, context): (summary, f"{by} ({mode}, {context}, these inputs)")
-             for (mode, context), (summary, by, _tracer) in (ran_before or {}).items()}
-    traced_before = (ran_before or {}).get(TRACED[1:], (None, None, None))[2]
+             for (mode, context), (summary, by, _tracer) in ran_before.items()}
+    _, _, traced_before = ran_before.get(TRACED[1:], (None, None, None))  # TRACED's (mode, context)
     if traced_before is None:
         known.pop(TRACED, None)
-    if eval_logits is not None:
-        known[BATCH_CHECK] = (eval_logits, "the forward that accepted the batch (eval, no autocast, these inputs)")
     cells: list[Cell] = []
     was_training = model.training
     same = {c: same_forward_as(c, device_type_of(model), compute_dtype) for c in CONTEXTS}
@@ -265,7 +259,7 @@ def forward_scenarios_probe(prepared, target) -> ForwardResult:
     compute = compute_dtype_of(model)
     batch = accepted_batch(model, target)  # a batch the model accepts, or BatchNotAccepted: an `error`
     inputs, how = batch.labeled, batch.how
-    cells, tracer = run_matrix(model, inputs, compute, batch.eval_logits, batch.forwards)
+    cells, tracer = run_matrix(model, inputs, compute, batch.forwards)
     failing = next((c for c in cells if not c.ok), None)
     chosen = failing or Cell(*TRACED, True)
     if (chosen.variant, chosen.mode, chosen.context) != TRACED:  # a cell before it failed: trace that forward
