@@ -1,0 +1,55 @@
+"""The notebooks' HTML export (`report.runner.export_html`): one nbconvert exporter kept per thread, which writes
+what an exporter made for each notebook writes."""
+
+import base64
+import threading
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from workbench.report.runner import _html_exporter, export_html
+
+PNG = base64.b64encode(bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000100e5270de40000000049454e44ae426082")).decode()
+
+
+def executed_notebook(path, title: str, html: str, with_image: bool):
+    outputs = [new_output("display_data", data={"text/html": html, "text/plain": title})]
+    if with_image:
+        outputs.append(new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure>"}))
+    outputs.append(new_output("stream", name="stdout", text=f"{title} done\n"))
+    nb = new_notebook(cells=[new_markdown_cell(f"# {title}\n\nA *table* and `code`."),
+                             new_code_cell("nb.run('step')", outputs=outputs, execution_count=1)])
+    nbformat.write(nb, path)
+    return path
+
+
+def fresh_export(path) -> str:
+    from nbconvert import HTMLExporter
+
+    from workbench.paths import REPORT_TEMPLATE_DIR
+
+    exporter = HTMLExporter(template_name="workbench_report", extra_template_basedirs=[str(REPORT_TEMPLATE_DIR)],
+                            exclude_input_prompt=True, exclude_output_prompt=True, embed_images=True)
+    return exporter.from_notebook_node(nbformat.read(path, as_version=4))[0]
+
+
+def test_the_kept_exporter_writes_what_a_fresh_one_writes_for_each_notebook(tmp_path):
+    first = executed_notebook(tmp_path / "01_first.ipynb", "First", "<table><tr><td>a</td></tr></table>", True)
+    second = executed_notebook(tmp_path / "02_second.ipynb", "Second", "<p>only text</p>", False)
+    for path in (first, second, first):  # each export after another notebook's, by the same exporter
+        export_html(path, tmp_path / "out.html")
+        assert (tmp_path / "out.html").read_text() == fresh_export(path)
+    page = (tmp_path / "out.html").read_text()
+    assert "data:image/png;base64" in page and "First done" in page and "Second" not in page
+
+
+def test_each_thread_keeps_an_exporter_of_its_own():
+    here = _html_exporter()
+    assert _html_exporter() is here
+    other = []
+    thread = threading.Thread(target=lambda: other.append(_html_exporter()))
+    thread.start()
+    thread.join()
+    assert other[0] is not here
