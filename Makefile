@@ -36,7 +36,7 @@ DIAGNOSE_OPTIONS := \
 	--reports-dir $(REPORTS)
 DIAGNOSE_ARGS := $(CKPT) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(DIAGNOSE_OPTIONS)
 
-.PHONY: install diagnose sweep census families checks docs demo test test-fast lab bench clean
+.PHONY: install diagnose sweep census families checks docs demo test test-fast test-demo lab bench clean
 
 install: $(STAMP)
 
@@ -92,6 +92,12 @@ test: install
 test-fast: install
 	$(PY) -m ruff check --quiet .
 	$(PYTEST) -m "not slow" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
+
+# the demo's recipes trained on the write-up's full schedule (about 70 s on 2 cores, where `make test` trains a few
+# steps) and every test that reads them, their scores included (marked full_demo_training): the demo's story
+test-demo: install
+	$(PYTEST) --full-demo-training tests/probes/evaluation/test_recipe_training.py tests/report/test_demo_report.py \
+	tests/report/test_browser.py
 
 checks: install
 	$(PY) -m workbench checks

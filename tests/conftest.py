@@ -57,10 +57,38 @@ def demo(tmp_path_factory) -> DemoPaths:
     return shared_demo(tmp_path_factory)
 
 
+# The demo recipes' schedule in `make test`: every recipe and folder of the write-up's (docs/demo.md), each recipe a
+# few steps on a few rows (2 s of training, 70 s for the full schedule on this project's machine). It proves the
+# folders, the adapters' recorded bases, what each recipe trains, the reuse and notebook 05's run over the recipes;
+# the scores need the full schedule: `make test-demo` (--full-demo-training) trains that and runs the tests marked
+# full_demo_training, which the default run skips.
+SHORT_DEMO_TRAINING = dict(train_samples=16, eval_samples=8, steps=4, batch_size=4, warmup_steps=1)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full-demo-training", action="store_true",
+                     help="train the demo's recipes on the full schedule (`make test-demo`) and run the tests of "
+                          "their scores (marked full_demo_training)")
+
+
+def demo_training_settings(config):
+    """The schedule this session trains the demo's recipes on (`SHORT_DEMO_TRAINING` unless --full-demo-training)."""
+    from workbench.demo.training import TrainingSettings
+
+    return TrainingSettings() if config.getoption("--full-demo-training") else TrainingSettings(**SHORT_DEMO_TRAINING)
+
+
 @pytest.fixture(scope="session")
-def demo_recipes(demo) -> DemoRecipes:
-    """The demo's four recipes, trained once per test session beside the session's demo (a few minutes)."""
-    return build_demo_recipes(demo.root, log=lambda *_: None)
+def demo_recipes(demo, pytestconfig) -> DemoRecipes:
+    """The demo's four recipes, trained once per test session beside the session's demo, on this session's schedule
+    (`demo_training_settings`)."""
+    return build_demo_recipes(demo.root, log=lambda *_: None, settings=demo_training_settings(pytestconfig))
+
+
+@pytest.fixture(scope="session")
+def demo_training(pytestconfig):
+    """The TrainingSettings the session's demo recipes were trained with."""
+    return demo_training_settings(pytestconfig)
 
 
 @dataclasses.dataclass
@@ -194,6 +222,11 @@ def pytest_collection_modifyitems(config, items):
             nodeid, fixture = unlisted[0]
             raise pytest.UsageError(f"{nodeid} needs {fixture}: add it to the {name!r} group of ONE_WORKER_GROUPS "
                                     "in tests/conftest.py, so that pytest-xdist runs it beside the others")
+    if config is None or not config.getoption("--full-demo-training"):
+        short = pytest.mark.skip(reason="needs the demo's recipes trained on the full schedule: make test-demo")
+        for item in items:
+            if "full_demo_training" in item.keywords:
+                item.add_marker(short)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")

@@ -17,6 +17,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workbench.demo.training import TrainingSettings
 
 DEMO_VERSION = "2"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -221,12 +225,16 @@ def demo_recipes_ready(root: str | Path | None = None) -> bool:
     return stamp_file.exists() and stamp_file.read_text() == stamp
 
 
-def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=print) -> DemoRecipes:
+def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=print,
+                       settings: TrainingSettings | None = None) -> DemoRecipes:
     """The four recipe shapes of the write-up (docs/demo.md), trained for real on the CPU on the synthetic grounding task (a few minutes
-    once; cached under its own stamp beside the demo), with the recipes file notebook 05 evaluates."""
+    once; cached under its own stamp beside the demo), with the recipes file notebook 05 evaluates. `settings`: the
+    splits and schedule (default `TrainingSettings()`, the write-up's story; the test suite's default tier trains a
+    short schedule, which writes the same folders but not the scores). Trained recipes are reused whatever schedule
+    trained them: each folder's RECIPES_STAMP.json records it."""
     import yaml
 
-    from workbench.demo.training import build_recipes
+    from workbench.demo.training import TrainingSettings, build_recipes
 
     paths = build_demo(root)
     target = paths.root / "recipes"
@@ -236,7 +244,7 @@ def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=
     building = Path(tempfile.mkdtemp(prefix="recipes.building-", dir=paths.root))
     try:
         log(f"training the demo recipes into {target} (once; a few minutes on 2 cores)")
-        built = build_recipes(paths.qwen_base, building, log=log)
+        built = build_recipes(paths.qwen_base, building, log=log, settings=settings or TrainingSettings())
         # the adapters record their bases inside `building`; point them at the final folder before the move
         for adapter in building.glob("*/adapter_config.json"):
             text = adapter.read_text().replace(str(building), str(target))

@@ -1,5 +1,7 @@
-"""The recipes, trained for real once per module (about a minute on 2 cores), then evaluated the standard way:
-`from_pretrained(base)` + `PeftModel.from_pretrained(model, adapter)`, greedy generation on the held-out split."""
+"""The recipes, trained for real once per session (conftest's `demo_recipes`: a short schedule in `make test`, the
+write-up's full one under `make test-demo`), then evaluated the standard way: `from_pretrained(base)` +
+`PeftModel.from_pretrained(model, adapter)`, greedy generation on the held-out split. The scores are read only from
+the full schedule (the tests marked full_demo_training)."""
 
 import json
 from pathlib import Path
@@ -65,10 +67,10 @@ def _same(a: dict, b: dict, keep) -> bool:
     return all(a[k].equal(b[k]) for k in keys)
 
 
-def test_every_folder_is_written(recipes):
+def test_every_folder_is_written(recipes, demo_training):
     assert set(recipes) == {"grounding-train", "grounding-eval", "grounding-base", *(r.name for r in RECIPES)}
-    assert len(read_dataset(recipes["grounding-train"])) == TrainingSettings().train_samples
-    assert len(read_dataset(recipes["grounding-eval"])) == TrainingSettings().eval_samples
+    assert len(read_dataset(recipes["grounding-train"])) == demo_training.train_samples
+    assert len(read_dataset(recipes["grounding-eval"])) == demo_training.eval_samples
     for full in ("grounding-base", "r3-stage1"):
         names = {p.name for p in recipes[full].iterdir()}
         assert {"config.json", "model.safetensors", "tokenizer.json", "preprocessor_config.json"} <= names
@@ -99,10 +101,10 @@ def test_each_recipe_trained_only_what_its_name_says(recipes, demo):
     assert not _same(base, stage1, lambda k: "visual" in k)
 
 
-def test_a_finished_build_is_reused(recipes, demo):
+def test_a_finished_build_is_reused(recipes, demo, demo_training):
     out_dir = recipes["r1-llm-only"].parent
     messages = []
-    assert build_recipes(demo.qwen_base, out_dir, log=messages.append) == recipes
+    assert build_recipes(demo.qwen_base, out_dir, log=messages.append, settings=demo_training) == recipes
     assert messages == [f"recipes reused from {out_dir}"]
 
 
@@ -116,17 +118,20 @@ def test_training_is_deterministic(recipes, tmp_path):
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
 
 
+@pytest.mark.full_demo_training
 def test_the_format_base_writes_boxes_but_does_not_find_them(scores):
     base = scores["grounding-base"]
     assert base["detection_rate"] > 0.9
     assert base["mean_iou"] < 0.35
 
 
+@pytest.mark.full_demo_training
 @pytest.mark.parametrize("name", RECIPE_NAMES)
 def test_every_recipe_beats_its_base(scores, name):
     assert scores[name]["mean_iou"] > scores["grounding-base"]["mean_iou"] + 0.05, scores
 
 
+@pytest.mark.full_demo_training
 def test_the_two_stage_adapter_scores_lower_on_the_wrong_base(scores):
     right, wrong = scores["r3-stage2"], scores["r3-stage2 on grounding-base"]
     assert wrong["mean_iou"] < right["mean_iou"] - 0.1, (right, wrong)
