@@ -17,7 +17,7 @@ LOGGED = "from transformers.utils import logging as l\nl.get_logger('transformer
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def module_kernel_server(tmp_path_factory):
     """A server of this module's own, ready (its socket bound once its imports are done), in the environment the
     test workers give their kernels and ranks."""
     from workbench.runtime import quiet_and_offline
@@ -65,15 +65,15 @@ def run(client, code, timeout=60):
 
 
 @pytest.mark.slow  # a server's imports, then kernels
-def test_a_forked_kernel_is_the_kernel_ipykernel_starts_with_the_stack_imported(tmp_path, server):
+def test_a_forked_kernel_is_the_kernel_ipykernel_starts_with_the_stack_imported(tmp_path, module_kernel_server):
     (tmp_path / "users_module.py").write_text("WHERE = 'the user folder'\n")
     km, client = started(tmp_path, {"PYTHONPATH": str(tmp_path), "WORKBENCH_BATCH": "1"})
     try:
         content, out = run(client, "import os, sys\nprint(os.getppid(), os.getcwd(), 'torch' in sys.modules, "
                                    "os.environ['WORKBENCH_BATCH'])\nimport users_module\nprint(users_module.WHERE)")
         assert content["status"] == "ok", content
-        assert out.split() == [str(server.pid), str(tmp_path), "True", "1", "the", "user", "folder"], \
-            server.log.read_text()
+        assert out.split() == [str(module_kernel_server.pid), str(tmp_path), "True", "1", "the", "user", "folder"], \
+            module_kernel_server.log.read_text()
         # transformers' logger, made by the server's import, writes into the cell as in a kernel that imported it
         content, out = run(client, LOGGED)
         assert "said-by-transformers" in out
@@ -109,13 +109,13 @@ def test_a_forked_kernel_is_the_kernel_ipykernel_starts_with_the_stack_imported(
 
 
 @pytest.mark.slow
-def test_an_environment_the_server_cannot_honour_gets_a_kernel_started_as_usual(tmp_path, server):
+def test_an_environment_the_server_cannot_honour_gets_a_kernel_started_as_usual(tmp_path, module_kernel_server):
     km, client = started(tmp_path, {"HF_HOME": str(tmp_path / "hub")})
     try:
         content, out = run(client, "import os, sys\nprint(os.getppid(), os.environ['HF_HOME'])\n" + LOGGED)
         assert content["status"] == "ok", content
         parent, hub = out.split()[:2]
-        assert int(parent) != server.pid and hub == str(tmp_path / "hub")
+        assert int(parent) != module_kernel_server.pid and hub == str(tmp_path / "hub")
         assert "said-by-transformers" in out
     finally:
         client.stop_channels()
@@ -155,7 +155,7 @@ dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_torchrun_ranks_are_forked_from_the_server_and_talk_over_gloo(tmp_path, server, monkeypatch):
+def test_torchrun_ranks_are_forked_from_the_server_and_talk_over_gloo(tmp_path, module_kernel_server, monkeypatch):
     """Where a server runs, `launch_ranks` has torchrun start each rank through the server's client: the rank is
     `python -m MODULE ARGS` (its argv, its working folder first on sys.path, PYTHONUNBUFFERED's streams), forked
     with the stack imported, and the ranks
@@ -165,14 +165,15 @@ def test_torchrun_ranks_are_forked_from_the_server_and_talk_over_gloo(tmp_path, 
     (tmp_path / "served_rank.py").write_text(RANK_MODULE)
     monkeypatch.chdir(tmp_path)  # rank_environment puts the working folder on PYTHONPATH
     run = launch_ranks("served_rank", ["--out", str(tmp_path)], ranks=2, timeout=120, out_dir=tmp_path)
-    assert run.ok and sorted(run.results) == [0, 1], run.output_tail + server.log.read_text()
+    assert run.ok and sorted(run.results) == [0, 1], run.output_tail + module_kernel_server.log.read_text()
     for result in run.results.values():
-        assert result == {"ppid": server.pid, "imported_before": True, "total": 3.0, "argv": ["--out", str(tmp_path)],
-                          "unbuffered": True, "first_path": str(tmp_path)}, server.log.read_text()
+        assert result == {"ppid": module_kernel_server.pid, "imported_before": True, "total": 3.0,
+                          "argv": ["--out", str(tmp_path)], "unbuffered": True, "first_path": str(tmp_path)}, \
+            module_kernel_server.log.read_text()
 
 
 @pytest.mark.slow
-def test_a_diagnosis_in_a_forked_kernel_reports_what_it_reports_in_a_fresh_one(tmp_path, server):
+def test_a_diagnosis_in_a_forked_kernel_reports_what_it_reports_in_a_fresh_one(tmp_path, module_kernel_server):
     """The same diagnosis (`python -m workbench diagnose`, notebooks 00, 01 and 04 on a tiny GPT-2) with its kernel
     forked from the server and started as usual: the same findings and the same text in every cell's output (digits
     masked: timings, memory)."""
@@ -185,7 +186,7 @@ def test_a_diagnosis_in_a_forked_kernel_reports_what_it_reports_in_a_fresh_one(t
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=300, n_positions=64)).save_pretrained(
         tmp_path / "tiny-gpt2")
-    forked_before = server.log.read_text().count("forked a kernel")
+    forked_before = module_kernel_server.log.read_text().count("forked a kernel")
     reports = {}
     for name, address in (("forked", os.environ[SERVER_ENV]), ("fresh", "")):
         result = subprocess.run([sys.executable, "-m", "workbench", "diagnose", "tiny-gpt2", "--notebooks", "00", "01",
@@ -193,7 +194,7 @@ def test_a_diagnosis_in_a_forked_kernel_reports_what_it_reports_in_a_fresh_one(t
                                 cwd=tmp_path, env={**os.environ, SERVER_ENV: address}, stdin=subprocess.DEVNULL)
         assert result.returncode == 0, result.stdout + result.stderr
         reports[name] = next(p for p in (tmp_path / name).glob("*/*") if p.is_dir())
-    assert server.log.read_text().count("forked a kernel") == forked_before + 1
+    assert module_kernel_server.log.read_text().count("forked a kernel") == forked_before + 1
 
     def masked(text):
         return re.sub(r"\d+", "#", text)
