@@ -1,6 +1,8 @@
 """The fp32 route for half-precision products on a CPU without native bf16/fp16 GEMM: same graph, same dtypes, same
 errors, same gradient verdicts as the stack's own kernels — only faster."""
 
+import math
+
 import pytest
 import torch
 
@@ -114,3 +116,27 @@ def test_a_gradient_norm_in_its_own_dtype_keeps_the_fp32_norms_verdict_and_value
     status, norm = _gradient_norm(grad)
     assert status == ("ok" if expected > 0 else "zero")
     assert norm == pytest.approx(expected, rel=2 ** -8)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_gradient_of_zeros_is_zero_and_a_lone_tiny_element_is_not(dtype, monkeypatch):
+    """A gradient of ±0 only is exactly zero without the fp32 copy; one subnormal element among them (the dtype's
+    smallest step) takes the fp32 path, whose norm it gets (fp16's 6e-8: nonzero); a NaN is no zero either."""
+    from workbench.probes.forward.grad_flow import _gradient_norm
+
+    zeros = torch.zeros(32, 32, dtype=dtype)
+    zeros[0, :4] = -0.0
+    copies = []
+    real_float = torch.Tensor.float
+    monkeypatch.setattr(torch.Tensor, "float", lambda self, *a, **k: copies.append(self) or real_float(self, *a, **k))
+    assert _gradient_norm(zeros) == ("zero", 0.0) and not copies
+    assert _gradient_norm(torch.zeros(0, dtype=dtype)) == ("zero", 0.0)
+    lone = zeros.clone()
+    mantissa_bits = {torch.bfloat16: 7, torch.float16: 10}[dtype]
+    lone[5, 5] = torch.finfo(dtype).smallest_normal * 2 ** -mantissa_bits  # the dtype's smallest subnormal
+    expected = float(real_float(lone).norm())  # bf16's smallest subnormal squares to 0 even in fp32: a zero norm
+    assert _gradient_norm(lone) == (("ok" if expected > 0 else "zero"), expected) and copies  # the fp32 path
+    assert expected > 0 or dtype == torch.bfloat16
+    nan = zeros.clone()
+    nan[1, 1] = float("nan")
+    assert math.isnan(_gradient_norm(nan)[1])
