@@ -140,3 +140,5 @@ def test_a_half_precision_gradient_of_zeros_is_zero_and_a_lone_tiny_element_is_n
     nan = zeros.clone()
     nan[1, 1] = float("nan")
     assert math.isnan(_gradient_norm(nan)[1])
+    sparse = torch.zeros(8, 4, dtype=dtype).to_sparse()  # an nn.Embedding(sparse=True)'s gradient: the fp32 path
+    assert _gradient_norm(sparse) == ("zero", 0.0)

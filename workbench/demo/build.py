@@ -231,7 +231,7 @@ def build_demo_recipes(root: str | Path | None = None, force: bool = False, log=
     once; cached under its own stamp beside the demo), with the recipes file notebook 05 evaluates. `settings`: the
     splits and schedule (default `TrainingSettings()`, the write-up's story; the test suite's default tier trains a
     short schedule, which writes the same folders but not the scores). Trained recipes are reused whatever schedule
-    trained them: each folder's RECIPES_STAMP.json records it."""
+    trained them: the recipes folder's RECIPES_STAMP.json records it."""
     import yaml
 
     from workbench.demo.training import TrainingSettings, build_recipes

@@ -297,7 +297,8 @@ def _gradient_norm(grad: torch.Tensor) -> tuple[str, float]:
     model that gets none, where those copies were 15 of a 7B-shaped checkpoint's 58 s step."""
     norm = float(grad.norm())
     if grad.dtype != torch.float32 and not torch.finfo(grad.dtype).tiny <= norm < math.inf:
-        if norm == 0 and (grad.numel() == 0 or all(float(v) == 0 for v in torch.aminmax(grad))):
+        if norm == 0 and grad.layout == torch.strided and (  # aminmax takes no sparse gradient (sparse=True)
+                grad.numel() == 0 or all(float(v) == 0 for v in torch.aminmax(grad))):
             return "zero", 0.0
         norm = float(grad.float().norm())
     return ("ok" if norm > 0 else "zero"), norm
