@@ -170,6 +170,9 @@ def test_torchrun_ranks_are_forked_from_the_server_and_talk_over_gloo(tmp_path, 
     monkeypatch.chdir(tmp_path)  # rank_environment puts the working folder on PYTHONPATH
     run = launch_ranks("served_rank", ["--out", str(tmp_path)], ranks=2, timeout=120, out_dir=tmp_path)
     assert run.ok and sorted(run.results) == [0, 1], run.output_tail + module_kernel_server.log.read_text()
+    # torch elastic's log folder is the launch's own, which its caller removes, not a torchelastic_* folder of the
+    # system's temporary folder left behind at every launch
+    assert [p.name for p in (tmp_path / "torchelastic").iterdir()], run.output_tail
     for result in run.results.values():
         assert result == {"ppid": module_kernel_server.pid, "imported_before": True, "total": 3.0,
                           "argv": ["--out", str(tmp_path)], "unbuffered": True, "first_path": str(tmp_path)}, \

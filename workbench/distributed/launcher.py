@@ -49,14 +49,18 @@ def backend_for(ranks: int) -> str:
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= ranks else "gloo"
 
 
-def torchrun_command(module: str, args: list[str], ranks: int, port: int) -> list[str]:
+def torchrun_command(module: str, args: list[str], ranks: int, port: int, log_dir: str | Path) -> list[str]:
     """torchrun running `python -m module args` on each rank; where a kernel server runs
-    (`workbench.report.kernel_server`), each rank is forked from it by its client, the stack already imported."""
+    (`workbench.report.kernel_server`), each rank is forked from it by its client, the stack already imported.
+    `log_dir`: torch elastic's log folder (`--log-dir`), inside the launch's own folder: without it torch makes a
+    `torchelastic_*` folder in the system's temporary folder at every launch and leaves it there (torch 2.13
+    distributed/elastic/multiprocessing/api.py `DefaultLogsSpecs`: `tempfile.mkdtemp(prefix="torchelastic_")`)."""
     from workbench.report.kernel_client import served_module
 
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(ranks),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", uuid.uuid4().hex[:12],
-            "--max-restarts", "0", "--monitor-interval", "0.5", "-m", *served_module(module, args)]
+            "--max-restarts", "0", "--monitor-interval", "0.5", "--log-dir", str(log_dir),
+            "-m", *served_module(module, args)]
 
 
 def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -250,7 +254,7 @@ def launch_ranks(module: str, args: list[str], *, ranks: int, timeout: float, ou
 
 def _launch_once(module: str, args: list[str], *, ranks: int, timeout: float, out_dir: Path,
                  env: dict[str, str] | None) -> RankRun:
-    command = torchrun_command(module, args, ranks, free_port())
+    command = torchrun_command(module, args, ranks, free_port(), out_dir / "torchelastic")
     log = out_dir / "torchrun.log"
     start = time.monotonic()
     killed: list[int] = []
