@@ -113,6 +113,22 @@ def test_a_forked_kernel_is_the_kernel_ipykernel_starts_with_the_stack_imported(
 
 
 @pytest.mark.slow
+def test_a_forked_kernel_runs_its_exit_handlers_as_a_process_does(tmp_path, module_kernel_server):
+    """A kernel shut down as jupyter shuts it down ends as `python -m ipykernel_launcher` would: its atexit handlers
+    run (a set-up's temporary Trainer output_dir, removed at exit, among them)."""
+    ran = tmp_path / "exit-handler-ran"
+    km, client = started(tmp_path, {"WORKBENCH_BATCH": "1"})
+    try:
+        content, _ = run(client, f"import atexit, os, pathlib\natexit.register(pathlib.Path({str(ran)!r}).write_text, "
+                                 "'ran')\nprint(os.getppid())")
+        assert content["status"] == "ok", content
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel()  # a shutdown request: the kernel ends itself
+    assert ran.read_text() == "ran", module_kernel_server.log.read_text()[-3000:]
+
+
+@pytest.mark.slow
 def test_an_environment_the_server_cannot_honour_gets_a_kernel_started_as_usual(tmp_path, module_kernel_server):
     km, client = started(tmp_path, {"HF_HOME": str(tmp_path / "hub")})
     try:

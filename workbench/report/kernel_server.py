@@ -107,6 +107,23 @@ def receive_message(sock: socket.socket, with_fds: int = 0) -> tuple[dict[str, A
     return json.loads(data[_HEADER.size:_HEADER.size + size]), fds
 
 
+def _exit_as_a_process_does(code: int) -> None:
+    """End a forked child as the interpreter ends the process it stands for: its exit handlers run (`atexit`: a
+    set-up's temporary folders, the libraries' own), its streams are flushed, then it exits without returning into
+    the server's loop or running the server's finalizers."""
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a stream closed by the child: nothing left to flush
+                pass
+        os._exit(code)
+
+
 class KernelServer:
     """The listening process: imports once, forks a kernel per request, reaps them and tells each client its
     kernel's exit; a client that goes away (killed) takes its kernel's process group with it."""
@@ -218,10 +235,8 @@ class KernelServer:
                 import traceback
 
                 traceback.print_exc()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        os._exit(0)
+            _exit_as_a_process_does(code)
+        _exit_as_a_process_does(0)
 
     def _client_closed(self, conn) -> None:
         self.selector.unregister(conn)
