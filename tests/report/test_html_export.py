@@ -7,7 +7,7 @@ import threading
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from workbench.report.runner import _html_exporter, export_html
+from workbench.report.runner import _html_exporter, export_html, new_html_exporter
 
 PNG = base64.b64encode(bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
@@ -26,13 +26,7 @@ def executed_notebook(path, title: str, html: str, with_image: bool):
 
 
 def fresh_export(path) -> str:
-    from nbconvert import HTMLExporter
-
-    from workbench.paths import REPORT_TEMPLATE_DIR
-
-    exporter = HTMLExporter(template_name="workbench_report", extra_template_basedirs=[str(REPORT_TEMPLATE_DIR)],
-                            exclude_input_prompt=True, exclude_output_prompt=True, embed_images=True)
-    return exporter.from_notebook_node(nbformat.read(path, as_version=4))[0]
+    return new_html_exporter().from_notebook_node(nbformat.read(path, as_version=4))[0]
 
 
 def test_the_kept_exporter_writes_what_a_fresh_one_writes_for_each_notebook(tmp_path):

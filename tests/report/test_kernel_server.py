@@ -119,9 +119,9 @@ def test_a_forked_kernel_runs_its_exit_handlers_as_a_process_does(tmp_path, modu
     ran = tmp_path / "exit-handler-ran"
     km, client = started(tmp_path, {"WORKBENCH_BATCH": "1"})
     try:
-        content, _ = run(client, f"import atexit, os, pathlib\natexit.register(pathlib.Path({str(ran)!r}).write_text, "
-                                 "'ran')\nprint(os.getppid())")
-        assert content["status"] == "ok", content
+        content, out = run(client, f"import atexit, os, pathlib\natexit.register(pathlib.Path({str(ran)!r}).write_text, "
+                                   "'ran')\nprint(os.getppid())")
+        assert content["status"] == "ok" and int(out) == module_kernel_server.pid, (content, out)  # forked
     finally:
         client.stop_channels()
         km.shutdown_kernel()  # a shutdown request: the kernel ends itself

@@ -124,12 +124,16 @@ def _html_exporter():
     earlier one left in it. Per thread: the notebooks of a side-by-side diagnosis are exported in their threads."""
     exporter = getattr(_exporters, "html", None)
     if exporter is None:
-        from nbconvert import HTMLExporter
-
-        exporter = HTMLExporter(template_name="workbench_report", extra_template_basedirs=[str(REPORT_TEMPLATE_DIR)],
-                                exclude_input_prompt=True, exclude_output_prompt=True, embed_images=True)
-        _exporters.html = exporter
+        exporter = _exporters.html = new_html_exporter()
     return exporter
+
+
+def new_html_exporter():
+    """The report's nbconvert exporter: the workbench_report template, no prompts, images embedded."""
+    from nbconvert import HTMLExporter
+
+    return HTMLExporter(template_name="workbench_report", extra_template_basedirs=[str(REPORT_TEMPLATE_DIR)],
+                        exclude_input_prompt=True, exclude_output_prompt=True, embed_images=True)
 
 
 def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kernel: Kernel | str,
