@@ -18,7 +18,13 @@ pytestmark = pytest.mark.slow
 
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0",
            # the test's cluster listens on loopback only, for this session: no token to share with the CLI's process
-           "RAY_AUTH_MODE": "disabled"}
+           "RAY_AUTH_MODE": "disabled",
+           # Ray runs its workers at nice 15 (its worker_niceness setting, "Adjusted worker niceness to 15" in each
+           # worker's log), so that on a machine of its own the raylet stays responsive; here the other test worker's
+           # processes run at nice 0 beside it and starved the members' diagnoses (the sweep took 100-180 s instead
+           # of 25 s under 3 busy processes). Ray's own job manager sets 0 the same way (ray 2.60
+           # dashboard/modules/job/job_manager.py)
+           "RAY_worker_niceness": "0"}
 START_TRIES = 3  # on a loaded 2-core machine Ray's raylet sometimes misses its own 30 s start-up deadline
 CRASH_ONCE = Path(__file__).with_name("crash_once")
 
