@@ -191,7 +191,8 @@ ONE_WORKER_GROUPS = {
     # the sweep of three runs on the local engine and on a local Ray cluster (a minute each)
     "sweep-of-three-runs": (("local_sweep", "ray_sweep", "ray_cluster"),
                             ("tests/sweep/test_engines.py::", "tests/sweep/test_sweep_page.py::")),
-    # the kernel server's own tests and the server of their module (its imports: 4-5 s of a worker's CPU)
+    # the kernel server's own tests, on the worker's server (a server of their module's own, with its 4-5 s of
+    # imports, where the session runs without one)
     "kernel-server-module": (("module_kernel_server",), ("tests/report/test_kernel_server.py::",)),
 }
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 from workbench.report.kernel_server import SERVER_ENV
 
@@ -50,6 +51,17 @@ def stop() -> None:
         shutil.copy(os.path.join(_server["folder"], "server.log"), os.path.join(keep, f"server-{os.getpid()}.log"))
     shutil.rmtree(_server["folder"], ignore_errors=True)
     _server.clear()
+
+
+def running():
+    """This worker's server: its process, with `socket` (its path, bound once the server's imports are done) and `log`
+    (its log file) set on it; None where the session runs without one."""
+    if not _server:
+        return None
+    process = _server["process"]
+    process.socket = _server["env"][SERVER_ENV]
+    process.log = Path(_server["folder"]) / "server.log"
+    return process
 
 
 def server_children(since: float, wait: float = 10.0) -> list:

@@ -18,8 +18,16 @@ LOGGED = "from transformers.utils import logging as l\nl.get_logger('transformer
 
 @pytest.fixture(scope="module")
 def module_kernel_server(tmp_path_factory):
-    """A server of this module's own, ready (its socket bound once its imports are done), in the environment the
-    test workers give their kernels and ranks."""
+    """A server in the environment the test workers give their kernels and ranks, ready (its socket bound once its
+    imports are done): this worker's own (tests/served_kernels.py), else, in a session run without one
+    (WORKBENCH_TEST_KERNEL_SERVER=0), one of this module's."""
+    from tests import served_kernels
+
+    served = served_kernels.running()
+    if served is not None:
+        _wait_for_the_socket(served, served.socket)
+        yield served
+        return
     from workbench.runtime import quiet_and_offline
 
     folder = tmp_path_factory.mktemp("server")
@@ -32,14 +40,34 @@ def module_kernel_server(tmp_path_factory):
         with open(log, "wb") as out:
             process = subprocess.Popen([sys.executable, "-m", "workbench.report.kernel_server", path],
                                        stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-        while not os.path.exists(path):
-            assert process.poll() is None, log.read_text()
-            time.sleep(0.1)
         process.log = log
-        assert os.stat(path).st_mode & 0o777 == 0o600  # only its own user may ask it to run code
+        _wait_for_the_socket(process, path)
         yield process
         process.terminate()
         process.wait(timeout=30)
+    assert not os.path.exists(path)
+
+
+def _wait_for_the_socket(process, path):
+    while not os.path.exists(path):
+        assert process.poll() is None, process.log.read_text()
+        time.sleep(0.1)
+    assert os.stat(path).st_mode & 0o777 == 0o600  # only its own user may ask it to run code
+
+
+def test_a_server_serves_on_a_socket_of_its_own_user_and_removes_it_when_terminated(tmp_path):
+    """The listening loop alone (no imports: `serve` without `prepare`): its socket made 0600, gone after SIGTERM."""
+    path = str(tmp_path / "k.sock")
+    server = subprocess.Popen([sys.executable, "-c", "import sys\nfrom workbench.report.kernel_server import "
+                               "KernelServer\nKernelServer(sys.argv[1]).serve()", path],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server.log = tmp_path / "no-log"
+    try:
+        _wait_for_the_socket(server, path)
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    assert server.returncode == 0, out
     assert not os.path.exists(path)
 
 

@@ -151,6 +151,10 @@ class KernelServer:
         gc.freeze()  # what the imports made stays shared with the kernels, untouched by their collections
 
     def serve(self) -> None:
+        # the stop signals handled before the socket exists: a server stopped once it is seen serving removes it
+        stop = []
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+        signal.signal(signal.SIGINT, lambda *_: stop.append(True))
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         mask = os.umask(0o177)  # the socket made 0600: whoever may connect runs code as this user
         try:
@@ -161,9 +165,6 @@ class KernelServer:
         self.listener = listener
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
-        stop = []
-        signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-        signal.signal(signal.SIGINT, lambda *_: stop.append(True))
         try:
             while not stop:
                 for key, _ in self.selector.select(timeout=0.1):
