@@ -1,8 +1,9 @@
 """Imported at start-up by every Python process with this folder on PYTHONPATH — the Ray test's sweep and, through
-the sweep's worker environment, its Ray workers. With WORKBENCH_CRASH_ONCE naming a marker file, the first member
-task to start in a Ray worker kills that worker's process (`os._exit`): a worker lost mid-task, exactly once,
-whatever the timing, so that the sweep's own retry is what the test sees. The driver, the local engine and the
-kernels are left alone (the check is Ray's own: a task runs in a process of WORKER_MODE)."""
+the sweep's worker environment, its Ray workers. With WORKBENCH_CRASH_ONCE naming a marker file, the first task of
+the member WORKBENCH_CRASH_MEMBER names (of any member where it is unset) to start in a Ray worker kills that
+worker's process (`os._exit`): a worker lost mid-task, exactly once, whatever the timing, so that the sweep's own
+retry is what the test sees. The driver, the local engine and the kernels are left alone (the check is Ray's own:
+a task runs in a process of WORKER_MODE)."""
 
 import importlib.abc
 import importlib.util
@@ -10,6 +11,7 @@ import os
 import sys
 
 MARKER = os.environ.get("WORKBENCH_CRASH_ONCE")
+MEMBER = os.environ.get("WORKBENCH_CRASH_MEMBER")
 PATCHED = "workbench.sweep.ray_engine"  # whose `diagnose_member` a member's Ray task calls
 
 
@@ -20,15 +22,15 @@ def _in_ray_worker() -> bool:
 
 
 def _crashing_first(original):
-    def diagnose_member(*args, **kwargs):
-        if _in_ray_worker():
+    def diagnose_member(member, *args, **kwargs):
+        if _in_ray_worker() and MEMBER in (None, member.name):
             try:
                 os.close(os.open(MARKER, os.O_CREAT | os.O_EXCL))  # atomic: one worker wins, even side by side
             except FileExistsError:
                 pass
             else:
                 os._exit(1)
-        return original(*args, **kwargs)
+        return original(member, *args, **kwargs)
 
     return diagnose_member
 
