@@ -10,7 +10,6 @@ its cell timeout leaves the next notebooks a fresh kernel, and the report says s
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import IO
 
@@ -21,14 +20,19 @@ KERNEL_NAME = "workbench"
 
 class Kernel:
     """The diagnosis' kernel. It may start before the report folder exists (the CLI starts it while it still
-    validates the target), so its console goes to a private temporary log that `save_log` copies into the report."""
+    validates the target), so its console goes to a private temporary log that `save_log` copies into the report.
+    The log has no name: its file is removed from the temporary folder as it is made, and lives while this process
+    holds it, so a process that ends without `close()` (a Ray worker force-exited when its job ends, a CLI killed)
+    leaves nothing there. Every kernel this object starts appends to it (O_APPEND); `save_log` reads it by offset."""
 
     def __init__(self, name: str = KERNEL_NAME, warm_up: bool = True, env: dict[str, str] | None = None) -> None:
+        import fcntl
         import tempfile
 
         fd, path = tempfile.mkstemp(prefix="workbench-kernel-", suffix=".log")
-        os.close(fd)
-        self.log_path = Path(path)
+        os.unlink(path)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)  # each write at the end
+        self._console: IO[bytes] | None = os.fdopen(fd, "ab")
         self.name = name
         self.warm_up = warm_up  # import the stack the workbench's notebooks use as soon as a kernel starts
         self.env = dict(env or {})  # set in each kernel's environment over this process's own
@@ -36,7 +40,6 @@ class Kernel:
         self.started = 0  # kernels started for this diagnosis (for a kept kernel: since its diagnosis began)
         self.diagnoses = 0  # diagnoses begun in this kernel (`begin_diagnosis`)
         self._log_from = 0  # where the console log not yet saved into a report starts
-        self._log: IO[bytes] | None = None
         self._client = None  # the warm-up's client
         self._notebook_client = None  # the client every notebook executes through (`client()`)
 
@@ -50,9 +53,8 @@ class Kernel:
 
         # the async manager nbclient itself would create: its client honours the cell timeout and notices a dead
         # kernel while waiting (a blocking client's waits do neither)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in discard()
         km = AsyncKernelManager(kernel_name=self.name, **served_kernel_specs(self.warm_up))
-        run_sync(km.start_kernel)(stdout=self._log, stderr=self._log, env={**os.environ, **self.env},
+        run_sync(km.start_kernel)(stdout=self._console, stderr=self._console, env={**os.environ, **self.env},
                                   extra_arguments=["--IPKernelApp.log_level=ERROR"])
         self.km = km
         self.started += 1
@@ -206,22 +208,24 @@ class Kernel:
             except Exception:  # noqa: BLE001 - a dead kernel may refuse even that
                 pass
             self.km = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
     def save_log(self, destination: Path) -> None:
         """Copy what every kernel of this diagnosis printed so far to `destination` (a kept kernel: since this
         diagnosis began)."""
-        with open(self.log_path, "rb") as source, open(destination, "wb") as out:
-            source.seek(self._log_from)
-            shutil.copyfileobj(source, out)
-            self._log_from = source.tell()  # a kept kernel's next diagnosis: what it prints from here on
+        with open(destination, "wb") as out:
+            while self._console is not None:
+                chunk = os.pread(self._console.fileno(), 1 << 20, self._log_from)
+                if not chunk:
+                    break
+                out.write(chunk)
+                self._log_from += len(chunk)  # a kept kernel's next diagnosis: what it prints from here on
 
     def close(self) -> None:
-        """Shut the kernel down and remove the temporary log."""
+        """Shut the kernel down and let its temporary log go."""
         self.discard()
-        self.log_path.unlink(missing_ok=True)
+        if self._console is not None:
+            self._console.close()
+            self._console = None
 
     def __enter__(self) -> Kernel:
         return self
