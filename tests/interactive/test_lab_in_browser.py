@@ -4,6 +4,7 @@ panel notebook and notebooks 01-04 opened, the panel's cell run, the widget rend
 whichever pytest-xdist worker is free while the other trains them."""
 
 import shutil
+import time
 
 import pytest
 from headless_chromium import NEEDS_CHROMIUM, SCREENSHOTS, launched_chromium
@@ -18,9 +19,12 @@ def browser():
 
 
 def test_jupyterlab_opens_the_panel_and_diagnoses_the_demo_with_a_click(demo, browser, tmp_path):
+    from tests import served_kernels
     from workbench.interactive.lab import lab_server
     from workbench.paths import NOTEBOOK_DIR
 
+    server = served_kernels.running()  # the worker's kernel server, where the session runs one
+    forked_before, started = server.log.read_text().count("forked a kernel") if server else 0, time.time()
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     # a copy of the notebooks: JupyterLab autosaves what it opens (the panel's output, the kernel's metadata), which
@@ -52,3 +56,6 @@ def test_jupyterlab_opens_the_panel_and_diagnoses_the_demo_with_a_click(demo, br
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=SCREENSHOTS / "jupyterlab-panel.png")
     context.close()
+    if server is not None:  # beside a kernel server, JupyterLab's kernels are forked from it, and gone with it
+        assert server.log.read_text().count("forked a kernel") > forked_before, server.log.read_text()[-2000:]
+        assert served_kernels.server_children(since=started) == []

@@ -25,6 +25,7 @@ from typing import Iterator
 from workbench.distributed.launcher import free_port
 from workbench.errors import UsageError
 from workbench.paths import NOTEBOOK_DIR
+from workbench.report.kernel_server import SERVER_ENV
 
 WORKSPACE = "workbench"
 PANEL_NOTEBOOK = "panel.ipynb"
@@ -108,6 +109,8 @@ def lab_server(notebook_dir: Path = NOTEBOOK_DIR, *, port: int | None = None, st
                "--LabApp.news_url=None", f"--LabApp.user_settings_dir={state / 'user-settings'}"]
     command += ["--allow-root"] * (os.geteuid() == 0)
     env = {**os.environ, **(env or {}), "JUPYTER_RUNTIME_DIR": str(state / "runtime")}
+    if env.get(SERVER_ENV):  # beside a kernel server: its kernels forked from it, the stack imported
+        command.append("--ServerApp.kernel_spec_manager_class=workbench.report.served_specs.ServedKernelSpecManager")
     log = state / "jupyterlab.log"
     with open(log, "ab") as out:  # the server's own log: shown when it fails to start
         process = subprocess.Popen(command, stdout=out if quiet else None, stderr=out if quiet else None, env=env,

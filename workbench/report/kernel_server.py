@@ -44,6 +44,10 @@ SERVER_ENV = "WORKBENCH_KERNEL_SERVER"
 RUN_TIME_VARIABLES = ("PYTHONPATH", "JPY_PARENT_PID", "JPY_SESSION_NAME", "PYTEST_CURRENT_TEST", "SHLVL", "_", "PWD",
                       "OLDPWD", "COLUMNS", "LINES", "TORCHINDUCTOR_CACHE_DIR", "FSDP_CPU_RAM_EFFICIENT_LOADING",
                       "ACCELERATE_USE_FSDP", "RAY_CLIENT_MODE", "PYTHONUNBUFFERED",
+                      # jupyter's folder of connection files, read at each call of jupyter_core 5's
+                      # `paths.jupyter_runtime_dir` (ipykernel's connection folder, as its app initializes): the
+                      # JupyterLab a test or `workbench lab` starts sets its own
+                      "JUPYTER_RUNTIME_DIR",
                       # what torchrun gives each rank (torch 2.13 elastic/agent/server/local_elastic_agent.py), read
                       # by torch.distributed when the process group starts
                       "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE",

@@ -257,14 +257,7 @@ def served_kernel_specs(warm_up: bool) -> dict:
 
     if not (warm_up and os.environ.get(SERVER_ENV)):
         return {}
-    from jupyter_client.kernelspec import KernelSpecManager
+    from workbench.report.served_specs import ServedKernelSpecManager
 
-    class ServedKernelSpecs(KernelSpecManager):
-        def get_kernel_spec(self, kernel_name):
-            spec = super().get_kernel_spec(kernel_name)
-            if "ipykernel_launcher" in spec.argv:
-                spec.argv[spec.argv.index("ipykernel_launcher")] = "workbench.report.kernel_client"
-            return spec
-
-    return {"kernel_spec_manager": ServedKernelSpecs()}
+    return {"kernel_spec_manager": ServedKernelSpecManager()}
 
