@@ -22,7 +22,9 @@ def test_a_process_that_ends_without_closing_its_kernel_leaves_no_log(tmp_path):
 
 
 def printed(kernel: Kernel, text: str) -> None:
-    """`text` written to the kernel's standard error, as its own console output is (not through a cell's stream)."""
+    """`text` written to the kernel's standard error, as its own console output is (not through a cell's stream).
+    ipykernel leaves the descriptor uncaptured in a test's kernel (PYTEST_CURRENT_TEST, which the test process
+    gives its kernels), so the write reaches the console log as its start-up chatter does."""
     line = (text + "\n").encode()
     reply = kernel._run_quietly(f"import os\nos.write(2, {line!r})", 60)
     assert reply and reply["status"] == "ok", reply

@@ -19,12 +19,13 @@ LOGGED = "from transformers.utils import logging as l\nl.get_logger('transformer
 @pytest.fixture(scope="module")
 def module_kernel_server(tmp_path_factory):
     """A server in the environment the test workers give their kernels and ranks, ready (its socket bound once its
-    imports are done): this worker's own (tests/served_kernels.py), else, in a session run without one
-    (WORKBENCH_TEST_KERNEL_SERVER=0), one of this module's."""
+    imports are done): this worker's own (tests/served_kernels.py) where it serves this environment, else (a session
+    run without one, WORKBENCH_TEST_KERNEL_SERVER=0, or an environment an earlier test changed) one of this
+    module's."""
     from tests import served_kernels
 
     served = served_kernels.running()
-    if served is not None:
+    if served is not None and served_kernels.would_fork(dict(os.environ)):
         _wait_for_the_socket(served, served.socket)
         yield served
         return
@@ -58,17 +59,45 @@ def _wait_for_the_socket(process, path):
 def test_a_server_serves_on_a_socket_of_its_own_user_and_removes_it_when_terminated(tmp_path):
     """The listening loop alone (no imports: `serve` without `prepare`): its socket made 0600, gone after SIGTERM."""
     path = str(tmp_path / "k.sock")
-    server = subprocess.Popen([sys.executable, "-c", "import sys\nfrom workbench.report.kernel_server import "
-                               "KernelServer\nKernelServer(sys.argv[1]).serve()", path],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    server.log = tmp_path / "no-log"
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([sys.executable, "-c", "import sys\nfrom workbench.report.kernel_server import "
+                                   "KernelServer\nKernelServer(sys.argv[1]).serve()", path],
+                                  stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    server.log = log
     try:
         _wait_for_the_socket(server, path)
     finally:
         server.terminate()
-        out, _ = server.communicate(timeout=30)
-    assert server.returncode == 0, out
+        server.wait(timeout=30)
+    assert server.returncode == 0, log.read_text()
     assert not os.path.exists(path)
+
+
+SLEEPER = "import os, pathlib, time\npathlib.Path('pid').write_text(str(os.getpid()))\ntime.sleep(600)\n"
+LAUNCHER = ("import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-m', 'workbench.report.kernel_client', "
+            "'--module', 'sleeper'], stdin=subprocess.DEVNULL)\ntime.sleep(600)")
+
+
+@pytest.mark.slow
+def test_a_forked_process_goes_when_the_process_that_asked_for_it_is_killed(tmp_path, module_kernel_server):
+    """A JupyterLab, Ray worker or torchrun killed outright: its client notices it was reparented (as ipykernel's
+    parent poller does for a kernel started as usual) and exits, and the server kills the forked process."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    try:
+        while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+            assert launcher.poll() is None
+            time.sleep(0.1)
+        forked = psutil.Process(int((tmp_path / "pid").read_text()))
+        assert forked.ppid() == module_kernel_server.pid, module_kernel_server.log.read_text()[-2000:]
+        [client] = psutil.Process(launcher.pid).children()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    _, alive = psutil.wait_procs([forked, client], timeout=60)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
 
 
 def started(tmp_path, env=None):
@@ -267,3 +296,18 @@ def test_a_diagnosis_in_a_forked_kernel_reports_what_it_reports_in_a_fresh_one(t
     forked, fresh = seen(reports["forked"]), seen(reports["fresh"])
     assert forked[0] == fresh[0] and len(forked[0]) > 10
     assert forked[1] == fresh[1]
+
+
+def test_only_specs_of_this_interpreter_are_served(tmp_path):
+    """The served spec manager rewrites a spec only where its argv[0] is this interpreter: another virtual
+    environment's `python` (a link to the same binary from a folder of its own) and another file beside it keep
+    their command, which the server could not fork."""
+    from workbench.report.served_specs import runs_this_interpreter
+
+    assert runs_this_interpreter(sys.executable)
+    other_env = tmp_path / "other-venv" / "bin"
+    other_env.mkdir(parents=True)
+    (other_env / "python").symlink_to(os.path.realpath(sys.executable))
+    assert not runs_this_interpreter(str(other_env / "python"))
+    beside = os.path.join(os.path.dirname(sys.executable), "no-such-python")
+    assert not runs_this_interpreter(beside)

@@ -6,7 +6,10 @@ starts and manages as the kernel.
 
 It sends the server its environment, working folder, standard streams and arguments; the server forks the kernel.
 It then stands for the kernel: signals it gets (an interrupt, a termination) go to the kernel's process group, it
-exits with the kernel's exit code, and if it is killed the server kills the kernel. Where no server answers or the
+exits with the kernel's exit code, and if it is killed the server kills the kernel. It also exits when the process
+that started it is gone (killed outright: a JupyterLab, a Ray worker, a torchrun), as ipykernel's parent poller has
+a kernel exit, and the server then kills the kernel: a forked kernel's parent is the server, so ipykernel's own
+poller does not see its launcher go. Where no server answers or the
 server refuses (an environment a forked kernel would not honour), it becomes `python -m ipykernel_launcher` with
 the same arguments. Imports nothing of the stack: it starts in tens of milliseconds.
 """
@@ -14,6 +17,7 @@ the same arguments. Imports nothing of the stack: it starts in tens of milliseco
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import sys
@@ -21,6 +25,7 @@ import sys
 from workbench.report.kernel_server import SERVER_ENV, receive_message, send_message
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+LAUNCHER_POLL_S = 1.0  # how often it looks whether the process that started it is still there (ipykernel: 1 s)
 
 
 def served_module(module: str, args: list[str]) -> list[str]:
@@ -67,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    launcher = os.getppid()
     while True:
+        if not select.select([sock], [], [], LAUNCHER_POLL_S)[0]:
+            if os.getppid() != launcher:  # reparented: whoever started it is gone, and the kernel goes with it
+                return 1
+            continue
         try:
             message, _ = receive_message(sock)
         except InterruptedError:

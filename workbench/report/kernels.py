@@ -47,6 +47,8 @@ class Kernel:
         """A live kernel manager: the current kernel, or a new one when there is none or it died."""
         if self.alive():
             return self.km
+        if self._console is None:
+            raise RuntimeError("this Kernel was closed: make a new one")
         self.discard()
         from jupyter_client.manager import AsyncKernelManager
         from jupyter_core.utils import run_sync

@@ -58,7 +58,7 @@ _WORKER_KERNEL = None  # in a worker process: the kernel its members share
 def _start_worker_kernel(notebooks: list[str] | None) -> None:
     """A worker process' kernel, started as the worker starts and shut down as it exits (multiprocessing runs its
     finalizers on a worker's normal exit; a worker killed outright takes its kernel with it: ipykernel exits when
-    its parent process is gone)."""
+    its parent process is gone, and a kernel forked by a kernel server goes with its client)."""
     global _WORKER_KERNEL
     from multiprocessing import util
 

@@ -162,7 +162,7 @@ def _member_task(member: Member, args: argparse.Namespace, landing: str | None):
 # here too (their GPUs come from `.options()`, so `max_calls=1` is not applied: ray/remote_function.py, issue 29624),
 # and an idle kernel's CUDA context would keep a GPU that Ray has given to another task; a GPU task's member starts
 # a kernel of its own, closed when it ends. A worker that Ray stops takes its kernel with it: ipykernel exits when
-# its parent process is gone.
+# its parent process is gone (a kernel forked by a kernel server: its client exits, and the server kills it).
 _WORKER_KERNEL = None
 
 
