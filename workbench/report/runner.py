@@ -104,8 +104,6 @@ def new_report_folder(reports_dir: Path, name: str, now: dt.datetime) -> tuple[P
     return temp, final
 
 
-
-
 _exporters = threading.local()
 
 
