@@ -236,6 +236,25 @@ def plan_here(*args):
     return workbench_here("plan", *args)
 
 
+def test_the_fewest_ranks_that_fit_are_found_from_the_ends_first():
+    """FSDP's toggle measures a step per rank count it asks about; a rank's peak falls as ranks are added (held on
+    a measured step in tests/plan/test_fsdp_plan.py), so the ends answer first and the middle only when needed."""
+    from workbench.plan.planner import _fewest_that_fit
+
+    peaks = {2: 10, 4: 6, 8: 4}
+    for budget, answer, asked in ((12, (2, 10, None), [2]), (3, (8, 4, None), [2, 8]), (5, (8, 4, None), [2, 8, 4]),
+                                  (6, (4, 6, None), [2, 8, 4])):
+        measured = []
+        assert _fewest_that_fit([2, 4, 8], lambda n: measured.append(n) or peaks[n], budget) == answer, budget
+        assert measured == asked, (budget, measured)
+    assert _fewest_that_fit([4, 8], lambda n: peaks[n], 5) == (8, 4, None)
+
+    def refused(n):
+        raise RuntimeError(f"no fake process group of {n}\nsecond line")
+
+    assert _fewest_that_fit([2, 4, 8], refused, 5) == (8, 0, "RuntimeError: no fake process group of 2")
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     folder = tiny_qwen2(tmp_path / "m")
     (tmp_path / "broken").mkdir()
@@ -266,6 +285,8 @@ def test_json_has_the_issue_fields_and_a_budget_gives_the_largest_batch_and_togg
                        "--json")
     assert result.returncode in (0, 1), result.stderr
     assert len(measured) == len(set(measured)), measured  # no step measured twice (s/2: the fit and the toggle)
+    # FSDP over the fewest of 2 / 4 / 8 that fits: none does, which the steps on 2 and 8 ranks answer
+    assert [gpus for *_, gpus, _, sharded, _ in measured if sharded] == [2, 8], measured
     d = json.loads(result.stdout)
     assert {"device", "peak_bytes", "weights_bytes", "breakdown", "top_modules", "phase", "fits", "largest_batch",
             "largest_seq", "toggles"} <= set(d)

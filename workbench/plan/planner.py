@@ -261,10 +261,39 @@ def fsdp_peak(plan: Plan, gpus: int) -> int:
     return sharded // gpus + rest + gathered
 
 
+def _fewest_that_fit(counts: list[int], peak_on, budget: int) -> tuple[int, int, str | None]:
+    """(the fewest of `counts`, ascending, whose measured peak `peak_on(n)` fits `budget`, else the largest; its
+    peak; why a measurement failed, else None). A rank's peak under full sharding falls as ranks are added: the
+    weights, gradients and optimizer states divide among them, while its activations, the gathered units and the
+    terms on top (`terms_for`: the same for any count above one) stay whole. So the smallest and largest counts
+    are measured first, and a count between them only where the smallest does not fit and the largest does:
+    where none fits, two steps answer, not one per count."""
+    measured: dict[int, int] = {}
+
+    def fits(n: int) -> bool:
+        measured[n] = peak_on(n)
+        return measured[n] <= budget
+
+    try:
+        if fits(counts[0]):
+            return counts[0], measured[counts[0]], None
+        if len(counts) == 1 or not fits(counts[-1]):
+            return counts[-1], measured[counts[-1]], None
+        lo, hi = 0, len(counts) - 1  # counts[lo] does not fit, counts[hi] does
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(counts[mid]) else (mid, hi)
+        return counts[hi], measured[counts[hi]], None
+    except Exception as exc:  # noqa: BLE001 - any refusal of the sharded step: the labelled fallback instead
+        failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
+        return counts[-1], 0, failed
+
+
 def _fsdp_toggle(plan: Plan) -> dict[str, Any] | None:
     """The fewest GPUs under FSDP full sharding (of 2 / 4 / 8, more than the plan's own) that fit the budget, or 8
-    when none does: each a measured FSDP step of the set-up (its fsdp_config, else transformers' default FSDP), or,
-    when that step cannot run here, the arithmetic fallback on the single-GPU step, saying so."""
+    when none does: measured FSDP steps of the set-up (its fsdp_config, else transformers' default FSDP) at the
+    counts `_fewest_that_fit` asks for, or, when that step cannot run here, the arithmetic fallback on the
+    single-GPU step, saying so."""
     from workbench.plan.fsdp import transformers_default_plugin_args
 
     if plan.budget_bytes is None:
@@ -275,15 +304,8 @@ def _fsdp_toggle(plan: Plan) -> dict[str, Any] | None:
         return None
     sharded = setup.replace(fsdp=setup.fsdp if setup.fsdp is not None else transformers_default_plugin_args(),
                             fsdp_source=setup.fsdp_source or "transformers' default: TrainingArguments(fsdp=True)")
-    peak, failed = 0, None
-    for chosen in candidates:
-        try:
-            peak = _planned(plan, sharded.replace(gpus=chosen), chosen)
-        except Exception as exc:  # noqa: BLE001 - any refusal of the sharded step: the labelled fallback instead
-            failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
-            break
-        if peak <= plan.budget_bytes:
-            break
+    chosen, peak, failed = _fewest_that_fit(candidates, lambda n: _planned(plan, sharded.replace(gpus=n), n),
+                                            plan.budget_bytes)
     if failed is not None and setup.sharded:
         return None  # a plan already sharded has no single-GPU categories to fall back on
     if failed is not None:
