@@ -29,7 +29,7 @@ os.environ["WORKBENCH_STRICT_CONTRACT"] = "1"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tests import served_kernels  # noqa: E402
+from tests import served_hub, served_kernels  # noqa: E402
 from tests.shared_builds import built_once, shared_demo  # noqa: E402
 from workbench.demo.build import DemoPaths, DemoRecipes, build_demo_recipes  # noqa: E402
 from workbench.runtime import quiet_and_offline, skip_slow_optional_imports  # noqa: E402
@@ -271,8 +271,10 @@ def pytest_configure(config):
     configure_verdict_log(config)
     runs_tests = getattr(config, "workerinput", None) is not None or not getattr(config.option, "numprocesses", None)
     if runs_tests and "not slow" not in (config.getoption("markexpr") or ""):
+        served_hub.start()  # first: the server imports the stack under the Hub's variables
         served_kernels.start()
 
 
 def pytest_unconfigure(config):
     served_kernels.stop()
+    served_hub.stop()

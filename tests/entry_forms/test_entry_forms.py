@@ -187,13 +187,12 @@ def test_cli_output_dir_with_an_unreachable_hub_base(artifacts_of, tmp_path):
 
 def test_cli_hub_id(artifacts_of, tmp_path):
     family = "t5"
-    from tests.hub.conftest import run_workbench
-    from tests.hub.hub_server import HubServer
+    from tests.hub.conftest import empty_home, run_workbench
+    from tests.served_hub import serving
 
-    (tmp_path / "home").mkdir()
-    with HubServer({f"org/{family}": artifacts_of(family).checkpoint}) as hub:
+    with serving({f"org/{family}": artifacts_of(family).checkpoint}) as hub:
         result = run_workbench("diagnose", f"org/{family}", "--reports-dir", tmp_path / "reports", hub=hub,
-                               home=tmp_path / "home")
+                               home=empty_home(tmp_path))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(next((tmp_path / "reports").rglob("findings.json")).read_text())
     assert [n["name"] for n in report["notebooks"]] == ["00_saved_files"]  # weights left on the hub

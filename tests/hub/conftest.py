@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import served_hub
 from tests.hub.hub_server import HubServer
 
 
@@ -20,7 +21,7 @@ def run_workbench(*args, hub: HubServer | None, home: Path, cwd: Path | None = N
     cache and the workbench cache under `home`."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(HF_ENDPOINT=hub.endpoint if hub else "http://127.0.0.1:9", HF_HOME=str(home / "hf"),
-               WORKBENCH_CACHE=str(home / "wb-cache"), HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="5")
+               WORKBENCH_CACHE=str(home / "wb-cache"), **served_hub.TIMEOUTS)
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
     return subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], capture_output=True, text=True,
@@ -41,7 +42,16 @@ def as_hub_adapter(adapter: Path, out: Path, base_id: str) -> Path:
     return out
 
 
+def empty_home(tmp_path: Path) -> Path:
+    """A home with an empty Hugging Face cache for one test: this process' (tests/served_hub.py), the one its kernel
+    server imported under, where that Hub runs; else a folder of the test's own."""
+    home = served_hub.fresh_home()
+    if home is None:
+        home = tmp_path / "home"
+        home.mkdir()
+    return home
+
+
 @pytest.fixture
 def hub_home(tmp_path) -> Path:
-    (tmp_path / "home").mkdir()
-    return tmp_path / "home"
+    return empty_home(tmp_path)

@@ -51,6 +51,14 @@ class HubServer:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
+    def serve(self, repos: dict[str, Path]) -> None:
+        """Serve `repos` from now on, the bytes sent and the requests counted from zero (a Hub kept for many tests:
+        tests/served_hub.py)."""
+        with self._lock:
+            self.repos = {rid: HubRepo(rid, folder) for rid, folder in repos.items()}
+            self.sent = Counter()
+            self.requests = []
+
     @property
     def endpoint(self) -> str:
         host, port = self._server.server_address[:2]

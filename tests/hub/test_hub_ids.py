@@ -11,6 +11,7 @@ import pytest
 
 from tests.hub.conftest import as_hub_adapter, cached_files, run_workbench
 from tests.hub.hub_server import HubServer
+from tests.served_hub import serving
 from workbench.model.hub import hub_online
 from workbench.model.hub_headers import FIRST_RANGE_BYTES, fetch_header
 from workbench.model.safetensors_header import read_header
@@ -34,7 +35,7 @@ def write_safetensors(path: Path, tensors: int, *, truncate: int = 0) -> Path:
 def test_a_7b_shaped_hub_checkpoint_is_censused_from_under_1_mb(tmp_path, hub_home):
     base = write_sparse_checkpoint(tmp_path / "qwen7b")
     shards = sorted(p.name for p in base.glob("*.safetensors"))
-    with HubServer({"org/qwen2-vl-7b": base}) as hub:
+    with serving({"org/qwen2-vl-7b": base}) as hub:
         result = run_workbench("census", "org/qwen2-vl-7b", "--json", hub=hub, home=hub_home)
         read = {name: hub.bytes_sent("org/qwen2-vl-7b", name) for name in shards}
         ranges = [r for method, path, r in hub.requests if path.endswith(".safetensors") and method == "GET"]
@@ -83,7 +84,7 @@ def test_hub_unreachable_or_offline_is_one_line_exit_2(hub_home):
 
 
 def test_a_repo_the_hub_does_not_have_is_named(tmp_path, hub_home):
-    with HubServer({}) as hub:
+    with serving({}) as hub:
         result = run_workbench("census", "org/no-such-model", hub=hub, home=hub_home)
     assert result.returncode == 2
     assert "org/no-such-model" in result.stderr and "no such model repository" in result.stderr
@@ -92,7 +93,7 @@ def test_a_repo_the_hub_does_not_have_is_named(tmp_path, hub_home):
 @pytest.mark.slow
 def test_a_hub_adapter_on_a_hub_base_gets_notebook_00_with_no_base_weight(demo, tmp_path, hub_home):
     adapter = as_hub_adapter(demo.qwen_stage2, tmp_path / "adapter", "org/base")
-    with HubServer({"org/base": demo.qwen_base, "org/adapter": adapter}) as hub:
+    with serving({"org/base": demo.qwen_base, "org/adapter": adapter}) as hub:
         result = run_workbench("diagnose", "org/adapter", "--reports-dir", tmp_path / "reports", hub=hub,
                                home=hub_home)
         base_weights = hub.bytes_sent("org/base", "model.safetensors")
@@ -107,7 +108,7 @@ def test_a_hub_adapter_on_a_hub_base_gets_notebook_00_with_no_base_weight(demo, 
     assert "model.safetensors" not in cached_files(hub_home)
 
     # --download: the base's weights come down, and a notebook that loads the model runs on them
-    with HubServer({"org/base": demo.qwen_base, "org/adapter": adapter}) as hub:
+    with serving({"org/base": demo.qwen_base, "org/adapter": adapter}) as hub:
         result = run_workbench("diagnose", "org/adapter", "--download", "--notebooks", "01_dtype_distribution",
                                "--reports-dir", tmp_path / "downloaded", hub=hub, home=hub_home)
         base_weights = hub.bytes_sent("org/base", "model.safetensors")
@@ -122,7 +123,7 @@ def test_a_hub_adapter_on_a_hub_base_gets_notebook_00_with_no_base_weight(demo, 
 
 @pytest.mark.slow
 def test_a_hub_model_asked_for_a_notebook_that_loads_it_is_told_to_download(demo, tmp_path, hub_home):
-    with HubServer({"org/llama": demo.llama}) as hub:
+    with serving({"org/llama": demo.llama}) as hub:
         result = run_workbench("diagnose", "org/llama", "--notebooks", "04_forward_checks", "--reports-dir",
                                tmp_path / "reports", hub=hub, home=hub_home)
     shards = sorted(demo.llama.glob("*.safetensors"))
