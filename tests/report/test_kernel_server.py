@@ -210,6 +210,10 @@ def test_only_variables_read_at_run_time_may_differ():
     assert refusal({**base, "HF_HOME": "/b"}, base) == "the environment differs in HF_HOME"
     assert refusal({k: v for k, v in base.items() if k != "HF_HOME"}, base) == "the environment differs in HF_HOME"
     assert "HF_HOME" not in RUN_TIME_VARIABLES and "TMPDIR" not in RUN_TIME_VARIABLES
+    # a user's secrets: the Hub token is read at each call, the wandb key only once wandb is imported
+    secrets = {**base, "HF_TOKEN": "hf_x", "WANDB_API_KEY": "k"}
+    assert refusal(secrets, base, imported={"torch", "huggingface_hub"}) is None
+    assert refusal(secrets, base, imported={"torch", "wandb"}) == "the environment differs in WANDB_API_KEY"
     # a torchrun rank started from a notebook: torchrun's variables and the kernel's own for its processes
     rank = {**base, "RANK": "1", "TORCHELASTIC_RUN_ID": "x", "TERM": "xterm-color", "MPLBACKEND": "agg"}
     assert refusal(rank, base, imported={"torch"}) is None

@@ -55,7 +55,10 @@ RUN_TIME_VARIABLES = ("PYTHONPATH", "JPY_PARENT_PID", "JPY_SESSION_NAME", "PYTES
                       "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                       # the default sys.breakpointhook reads it at each breakpoint() (Python's docs); Ray sets it in
                       # its workers (ray 2.x _private/worker.py `connect`)
-                      "PYTHONBREAKPOINT")
+                      "PYTHONBREAKPOINT",
+                      # the Hub token, read at each get_token() (huggingface_hub 2.4 utils/_auth.py
+                      # `_get_token_from_environment`); no module of the stack reads it when imported
+                      "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 RUN_TIME_PREFIXES = ("WORKBENCH_", "TORCHELASTIC_")
 # what a kernel sets for the processes it starts (ipykernel 7.4 `ZMQInteractiveShell.init_environment`: a rank that a
 # notebook's torchrun starts inherits them): the terminal, pager and colour switches, read by programs at run time,
@@ -63,7 +66,9 @@ RUN_TIME_PREFIXES = ("WORKBENCH_", "TORCHELASTIC_")
 # own variables, and SPT_NOENV that its raylet gives its workers for the process title, are read by Ray's modules
 # alone: a sweep member's kernel, started in a Ray worker, differs from the server in those.
 KERNEL_VARIABLES = ("TERM", "CLICOLOR", "CLICOLOR_FORCE", "FORCE_COLOR", "PAGER", "GIT_PAGER")
-READ_ON_IMPORT_OF = {"MPLBACKEND": "matplotlib", "PYDEVD_USE_FRAME_EVAL": "_pydevd_bundle", "SPT_NOENV": "ray"}
+READ_ON_IMPORT_OF = {"MPLBACKEND": "matplotlib", "PYDEVD_USE_FRAME_EVAL": "_pydevd_bundle", "SPT_NOENV": "ray",
+                     # read by wandb, which the server never imports: free to differ until something does
+                     "WANDB_API_KEY": "wandb"}
 PREFIXES_READ_ON_IMPORT_OF = {"RAY_": "ray"}
 _HEADER = struct.Struct("!I")
 
