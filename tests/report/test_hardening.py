@@ -79,6 +79,9 @@ def test_a_full_disk_is_one_line_and_exit_2(demo, tmp_path, monkeypatch, capsys)
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "findings.json"))
 
     monkeypatch.setattr("workbench.report.contract.write_json_atomic", full)
+    # the disk fills as the report is written: the kernel's check of the target (its stack's imports, 5 s with no
+    # kernel server) is not what this test is about
+    monkeypatch.setattr("workbench.report.kernels.Kernel.check_target", lambda self, target, timeout=900: True)
     monkeypatch.setattr("workbench.report.runner.run_notebook",
                         lambda nb, folder, params, kernel, timeout, **_: __import__("workbench.report.runner", fromlist=["NotebookRun"]).NotebookRun(
                             nb.stem, "ok", None, 0.0))
