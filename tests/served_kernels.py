@@ -1,7 +1,7 @@
 """One kernel server per test process (`workbench.report.kernel_server`): the diagnoses the slow tests run, in
 the worker or in a CLI subprocess, get kernels forked from it instead of kernels that import the stack again (~4.7 s
 of CPU each), and so do the torchrun ranks they launch (a full run: 24 kernels, 20 ranks, the census' 2 workers). A kernel asked for in an environment the server cannot honour (a test
-that sets the Hub's cache, say) starts as usual; so does every kernel asked for before the server has imported.
+that sets an HF_HOME of its own, say) starts as usual; so does every kernel asked for before the server has imported.
 The server's log (what it forked, what it refused and why) is kept beside its socket while the session runs;
 `WORKBENCH_TEST_KERNEL_SERVER_LOG=DIR` keeps each worker's in DIR."""
 
