@@ -29,20 +29,23 @@ def start() -> None:
     """Start this process' Hub and name it, its cache and the timeouts in the environment."""
     folder = Path(tempfile.mkdtemp(prefix="workbench-hub-"))
     server = HubServer({}).__enter__()
-    os.environ.update(HF_ENDPOINT=server.endpoint, HF_HOME=str(folder / "home" / "hf"), **TIMEOUTS)
-    _hub.update(server=server, folder=folder)
+    variables = {"HF_ENDPOINT": server.endpoint, "HF_HOME": str(folder / "home" / "hf"), **TIMEOUTS}
+    _hub.update(server=server, folder=folder, before={k: os.environ.get(k) for k in variables})
+    os.environ.update(variables)
 
 
 def stop() -> None:
+    """Stop the Hub, remove its cache and give the variables back their values from before `start`."""
     if not _hub:
         return
     _hub["server"].__exit__(None, None, None)
     shutil.rmtree(_hub["folder"], ignore_errors=True)
+    for name, value in _hub["before"].items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     _hub.clear()
-
-
-def running() -> bool:
-    return bool(_hub)
 
 
 @contextlib.contextmanager
