@@ -404,6 +404,8 @@ def scaling_rows(rows: list, workdir: Path, repeats: int, sizes: list[str] | Non
                      f"{forwards_of(report['cost'])}; "
                      f"peak anonymous RSS of one process {sampled['anon_one'] / size:.2f}× the checkpoint; "
                      f"slowest steps (last run): {slowest_steps(report['cost'])}; goal ≤ 2× (issue 38)"))
+    if not sizes or "cold" in sizes:
+        cold_cache_row(rows, workdir, repeats)
     if not sizes or "7b" in sizes:
         sparse_7b_row(rows, workdir)
 
@@ -468,6 +470,54 @@ def sparse_7b_row(rows: list, workdir: Path) -> None:
     rows.append((f"`diagnose` of the 7B-shaped sparse checkpoint ({apparent / 1e9:.1f} GB apparent, Qwen2-VL-7B's "
                  "shape, every weight 0) vs load + one forward in a fresh process",
                  stats([run["seconds"]]), stats([r["seconds"] for r in naive]), verdict, note))
+
+
+# `diagnose` as the CLI runs it, its read-ahead of the weights (workbench.model.prefetch) switched off: the naive way
+DIAGNOSE_WITHOUT_PREFETCH = """
+import sys, workbench.diagnose_command as command
+command._prefetch_weights = lambda *args: None
+from workbench.cli import main
+sys.exit(main(['diagnose', *sys.argv[1:]]))
+"""
+
+
+def evict(files: list[Path]) -> None:
+    """Drop `files` from the page cache (written out first: posix_fadvise DONTNEED drops clean pages only), as a
+    checkpoint no process has read since it was written elsewhere or evicted."""
+    import os
+
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cold_cache_row(rows: list, workdir: Path, repeats: int) -> None:
+    """The 2.6 GB Llama diagnosed from a cold page cache, with the weights read ahead while the fresh kernel imports
+    (ours) and without (naive), in turn: whole seconds, and the load's own seconds from the report's cost block."""
+    ckpt = write_llama(workdir / "llama-2.6", SCALING_SHAPES["2.6 GB"])
+    shards = sorted(ckpt.glob("*.safetensors"))
+    size = sum(p.stat().st_size for p in shards)
+    reports = workdir / "reports-cold"
+    runs: dict[str, list[dict]] = {"ours": [], "naive": []}
+    for _ in range(repeats):
+        for way, argv in (("ours", [PY, "-m", "workbench", "diagnose"]),
+                          ("naive", [PY, "-c", DIAGNOSE_WITHOUT_PREFETCH])):
+            evict(shards)
+            run = process_seconds([*argv, str(ckpt), "--reports-dir", str(reports)], 1)[0]
+            report = json.loads(max(reports.glob("*/*/findings.json"), key=lambda p: p.stat().st_mtime).read_text())
+            run["load"] = sum(load["seconds"] or 0 for load in report["cost"]["loads"])
+            runs[way].append(run)
+    ratio = statistics.median(r["seconds"] for r in runs["ours"]) / statistics.median(r["seconds"] for r in runs["naive"])
+    rows.append((f"`diagnose` of the {size / 1e9:.2f} GB Llama from a cold page cache (evicted before each run): the "
+                 "weights read ahead while the fresh kernel imports vs not", stats([r["seconds"] for r in runs["ours"]]),
+                 stats([r["seconds"] for r in runs["naive"]]), f"{ratio:.2f}× the time without",
+                 "the load's own seconds (cost block): "
+                 f"{stats([r['load'] for r in runs['ours']])} read ahead, {stats([r['load'] for r in runs['naive']])} "
+                 "not; the two ways run in turn"))
 
 
 def slowest_steps(cost: dict, n: int = 4) -> str:
@@ -852,8 +902,10 @@ def main() -> None:
                         help="just --help and census as processes, and the CPU of the diagnose process itself")
     parser.add_argument("--only-scaling", action="store_true",
                         help="just diagnose vs load + forward on 0.4 / 1.3 / 2.6 GB checkpoints and the 7B-shaped sparse one")
-    parser.add_argument("--sizes", nargs="*", help="with --only-scaling: some of 0.4 1.3 2.6 7b (the 7B-shaped "
-                        "sparse checkpoint)")
+    parser.add_argument("--sizes", nargs="*", help="with --only-scaling: some of 0.4 1.3 2.6 cold 7b (cold: the 2.6 "
+                        "GB one from a cold page cache, read ahead and not; 7b: the 7B-shaped sparse checkpoint)")
+    parser.add_argument("--only-cold-cache", action="store_true",
+                        help="just the 2.6 GB diagnosis from a cold page cache, the weights read ahead and not")
     parser.add_argument("--only-data", action="store_true", help="just the data path against trl's preparation")
     parser.add_argument("--data-rows", type=int, default=20_000)
     parser.add_argument("--only-run-log", action="store_true", help="just notebook 08's log checks on a long log")
@@ -895,6 +947,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
             scaling_rows(rows, Path(tmp), args.repeats, args.sizes)
         report("scaling", "A diagnosis against one load + forward, by checkpoint size", rows)
+        return
+    if args.only_cold_cache:
+        with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+            cold_cache_row(rows, Path(tmp), args.repeats)
+        report("cold-cache", "A diagnosis from a cold page cache", rows)
         return
     if args.only_data:
         with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:

@@ -49,6 +49,8 @@ def diagnose_as_asked(args, *, jobs: int | None, reports_dir: Path | None = None
         # with one kernel, the checks that need torch and transformers run there (`Kernel.check_target`)
         target = diagnosis_target(args, headers_only=jobs == 1)
         only = notebooks_without_weights(target, args.notebooks)
+        if not keep:  # a fresh kernel imports the stack first: its load's reads overlap those imports
+            _prefetch_weights(target, only)
         if jobs == 1 and not target.model_unavailable:
             kernel = kernel or start_kernel(only=only)
             if not kernel.check_target(target):
@@ -62,6 +64,16 @@ def diagnose_as_asked(args, *, jobs: int | None, reports_dir: Path | None = None
     return diagnose(target, reports_dir=Path(reports_dir or args.reports_dir), only=only,
                     cell_timeout=args.cell_timeout, jobs=jobs, kernel=kernel, echo=echo,
                     extra_parameters={"distributed": args.distributed}, keep_kernel=keep)
+
+
+def _prefetch_weights(target, only: list[str] | None) -> None:
+    """The target's weight files read into the page cache meanwhile (`model.prefetch`), where that helps."""
+    from workbench.model.prefetch import available_memory, files_to_prefetch, start_prefetch
+    from workbench.report.runner import NOTEBOOK_DIR, find_notebooks
+
+    files, _why_not = files_to_prefetch(target, [nb.stem for nb in find_notebooks(NOTEBOOK_DIR, only=only)],
+                                        available_memory())
+    start_prefetch(files)
 
 
 def diagnosis_target(args, headers_only: bool = False):
