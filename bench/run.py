@@ -481,23 +481,11 @@ sys.exit(main(['diagnose', *sys.argv[1:]]))
 """
 
 
-def evict(files: list[Path]) -> None:
-    """Drop `files` from the page cache (written out first: posix_fadvise DONTNEED drops clean pages only), as a
-    checkpoint no process has read since it was written elsewhere or evicted."""
-    import os
-
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def cold_cache_row(rows: list, workdir: Path, repeats: int) -> None:
     """The 2.6 GB Llama diagnosed from a cold page cache, with the weights read ahead while the fresh kernel imports
     (ours) and without (naive), in turn: whole seconds, and the load's own seconds from the report's cost block."""
+    from workbench.model.prefetch import drop_from_page_cache
+
     ckpt = write_llama(workdir / "llama-2.6", SCALING_SHAPES["2.6 GB"])
     shards = sorted(ckpt.glob("*.safetensors"))
     size = sum(p.stat().st_size for p in shards)
@@ -506,7 +494,7 @@ def cold_cache_row(rows: list, workdir: Path, repeats: int) -> None:
     for _ in range(repeats):
         for way, argv in (("ours", [PY, "-m", "workbench", "diagnose"]),
                           ("naive", [PY, "-c", DIAGNOSE_WITHOUT_PREFETCH])):
-            evict(shards)
+            drop_from_page_cache(shards)
             run = process_seconds([*argv, str(ckpt), "--reports-dir", str(reports)], 1)[0]
             report = json.loads(max(reports.glob("*/*/findings.json"), key=lambda p: p.stat().st_mtime).read_text())
             run["load"] = sum(load["seconds"] or 0 for load in report["cost"]["loads"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.model.prefetch import files_to_prefetch, loads_the_model, start_prefetch
+from workbench.model.prefetch import drop_from_page_cache, files_to_prefetch, loads_the_model, start_prefetch
 from workbench.model.target import resolve_target
 
 MODEL_NOTEBOOKS = ["00_saved_files", "01_dtype_distribution"]
@@ -38,17 +38,6 @@ def resident_pages(path: Path) -> int:
         os.close(fd)
 
 
-def evicted(path: Path) -> Path:
-    """`path` written out and dropped from the page cache (posix_fadvise DONTNEED: clean pages go)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return path
-
-
 def test_only_a_diagnosis_that_loads_the_model_reads_it_ahead_and_only_what_fits(demo):
     base, adapter = resolve_target(str(demo.llama)), resolve_target(str(demo.qwen_stage2))
     assert not loads_the_model(["00_saved_files", "07_data_path", "08_training_run", "11_memory_plan"])
@@ -69,7 +58,8 @@ def test_only_a_diagnosis_that_loads_the_model_reads_it_ahead_and_only_what_fits
 def test_the_files_read_ahead_are_in_the_page_cache(tmp_path):
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(os.urandom(8 * 2**20))
-    if resident_pages(evicted(weights)) > 0:
+    drop_from_page_cache([weights])
+    if resident_pages(weights) > 0:
         pytest.skip("this filesystem keeps the file's pages after posix_fadvise(DONTNEED) (a tmpfs?)")
     thread = start_prefetch([weights, tmp_path / "missing.safetensors"])  # a file that cannot be read is skipped
     thread.join(timeout=60)
