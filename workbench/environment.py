@@ -49,6 +49,18 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
+def host_available_bytes() -> tuple[int, str]:
+    """The machine's MemAvailable (where /proc says it), else its available physical pages."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable of this machine"
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), "available physical pages"
+
+
 def environment_facts() -> dict[str, Any]:
     import torch
 

@@ -3,10 +3,9 @@ and 8-bit, the meta-device prediction), not from the OOM killer."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
+from workbench.environment import host_available_bytes  # callers import and tests patch it here
 from workbench.model.checkpoint import inspect_checkpoint
 from workbench.model.loading import auto_config
 from workbench.model.quantized_prediction import predicted_load_bytes
@@ -42,19 +41,6 @@ def free_on(device: torch.device) -> tuple[int, str] | None:
     if device.type == "cpu":
         return host_available_bytes()
     return None
-
-
-def host_available_bytes() -> tuple[int, str]:
-    """The machine's MemAvailable (where /proc says it), else its available physical pages."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024, "MemAvailable of this machine"
-    except OSError:
-        pass
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), "available physical pages"
 
 
 def room_for_a_copy(tensors, what: str, element_size: int | None = None) -> None:

@@ -40,15 +40,11 @@ def weight_files(target) -> list[Path]:
     return [header.path for folder in folders for header in inspect_checkpoint(folder).headers]
 
 
-def available_memory() -> int | None:
-    """MemAvailable of this machine, None where /proc does not say."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+def available_memory() -> int:
+    """MemAvailable of this machine (`environment.host_available_bytes`)."""
+    from workbench.environment import host_available_bytes
+
+    return host_available_bytes()[0]
 
 
 def files_to_prefetch(target, notebooks: list[str], available: int | None) -> tuple[list[Path], str | None]:

@@ -28,6 +28,6 @@ def runs_this_interpreter(command: str) -> bool:
 class ServedKernelSpecManager(KernelSpecManager):
     def get_kernel_spec(self, kernel_name):
         spec = super().get_kernel_spec(kernel_name)
-        if "ipykernel_launcher" in spec.argv and spec.argv and runs_this_interpreter(spec.argv[0]):
+        if "ipykernel_launcher" in spec.argv and runs_this_interpreter(spec.argv[0]):
             spec.argv[spec.argv.index("ipykernel_launcher")] = "workbench.report.kernel_client"
         return spec
