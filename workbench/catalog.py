@@ -804,10 +804,12 @@ CHECKS: tuple[Check, ...] = (
        "dtype, peft #341); (b) one fp32 forward with hooks recording max |output| per module, log2(65504 / amax) in "
        "two views — AMP (what autocast makes fp16) and half weights (every tensor, the residual stream included) — "
        "the lowest-headroom tensors named, and the families vLLM refuses to run in fp16. Judged only when the "
-       "configuration uses fp16",
+       "configuration uses fp16. The forward that accepted the batch is that fp32 forward where every tensor is "
+       "fp32; where fp16 is not configured and no tensor is fp16, it gives the information in the model's own "
+       "dtype (bf16 keeps fp32's range), without a forward of its own",
        **{"pass": "no trainable fp16 tensor, headroom ≥ 4 bits",
-          "info": "the configuration does not use fp16: the headroom as a figure (in the training callback, for a run "
-                  "that does not use fp16, not read)",
+          "info": "the configuration does not use fp16: the headroom as a figure, read from the forward that "
+                  "accepted the batch (in the training callback, for a run that does not use fp16, not read)",
           "warn": "under 4 bits of headroom, or a model type vLLM refuses to run in fp16 (its list kept as data)",
           "fail": "a trainable fp16 parameter under fp16=True, or an activation that overflows fp16",
           "error": "the fp32 forward did not run (no batch this model accepts, or the fp32 copy of the weights it "

@@ -9,11 +9,14 @@ runs once on the model as prepared, in eval mode without autocast (and, when tha
 compute dtype: a set-up whose dtypes only work under autocast — the defect notebook 04 names — still accepts the
 batch). The first that runs is kept, with labels that fit the head when the forward accepts them. When none runs,
 either our inputs or the model is at fault, and the forward checks say `error` with every exception, never `fail`.
-The accepted batch is kept per model object, so the probes of one diagnosis build and check it once.
+The accepted batch is kept per model object, so the probes of one diagnosis build and check it once. The
+accepting forward also records the largest |x| of every module output and fp16 product (`activation_peaks`): notebook
+09 reads the fp16 headroom from it instead of running a forward of its own where that needs no fp32 forward.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 from typing import Any
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.model.activation_peaks import ActivationPeaks, recorded_peaks
 from workbench.model.bnb_cpu_layout import keep_training_layout
 from workbench.model.declared_quantization import raise_if_declared_quantization_unapplied
 from workbench.model.dtypes import compute_dtype_of
@@ -44,6 +48,8 @@ class AcceptedBatch:
     # grad.flow's forward the train / autocast cell, and forward.mixed_precision_buffers' traced one the train /
     # no-autocast cell where its cast changed nothing (`remember_forward`)
     forwards: dict[tuple[str, str], tuple[tuple[str, tuple, bool], str, Any]] = dataclasses.field(default_factory=dict)
+    # the largest |x| per module output and fp16 product of the accepting forward, where it ran without autocast
+    peaks: ActivationPeaks | None = None
 
 
 class BatchNotAccepted(RuntimeError):
@@ -77,23 +83,25 @@ def _summary(out) -> tuple[str, tuple, bool] | None:
         return None
 
 
-def _runs(model: nn.Module, inputs: dict) -> tuple[str | None, tuple[str, tuple, bool] | None]:
-    """(None, its logits' dtype, shape and finiteness when it ran without autocast) when one eval forward runs (no
-    autocast, else under autocast), else (the first exception, None)."""
+def _runs(model: nn.Module, inputs: dict) -> tuple[str | None, tuple[str, tuple, bool] | None,
+                                                  ActivationPeaks | None]:
+    """(None, its logits' dtype, shape and finiteness, its activation peaks) when one eval forward runs without
+    autocast; (None, None, None) when it runs only under autocast; else (the first exception, None, None)."""
     keep_training_layout(model)  # an eval forward must not repack 4-bit weights for CPU inference
     was_training = model.training
     model.eval()
     try:
         first = None
         for context in ("no autocast", "autocast"):
-            out, exc = run_forward(model, inputs, context, compute_dtype_of(model))
+            with recorded_peaks(model) if context == "no autocast" else contextlib.nullcontext(None) as peaks:
+                out, exc = run_forward(model, inputs, context, compute_dtype_of(model))
             if exc is None:
-                return None, (_summary(out) if context == "no autocast" else None)
+                return (None, _summary(out), peaks) if context == "no autocast" else (None, None, None)
             if isinstance(exc, torch.OutOfMemoryError):
                 free_memory()
                 raise ForwardOutOfMemory(f"out of memory: {str(exc)[:300]}") from exc
             first = first or f"{type(exc).__name__}: {str(exc)[:300]}"
-        return first, None
+        return first, None, None
     finally:
         model.train(was_training)
 
@@ -110,18 +118,19 @@ def accepted_batch(model: nn.Module, target) -> AcceptedBatch:
             rejected.append((how, build_error or ""))
             continue
         labeled = with_labels(model, inputs)
-        error, output = _runs(model, labeled)
+        error, output, peaks = _runs(model, labeled)
         if error is None:
             batch = AcceptedBatch(inputs, labeled, f"{how}; {labels_how(model, labeled)}", rejected)
         elif labeled is not inputs and (unlabeled := _runs(model, inputs))[0] is None:
             batch = AcceptedBatch(inputs, inputs, f"{how}; labels not accepted ({error}): loss from the outputs",
                                   rejected)
-            output = unlabeled[1]
+            output, peaks = unlabeled[1], unlabeled[2]
         else:
             rejected.append((how, error))
             continue
         if output is not None:  # it ran without autocast
             batch.forwards[("eval", "no autocast")] = (output, "the forward that accepted the batch", None)
+        batch.peaks = peaks if peaks is not None and peaks.complete else None
         _ACCEPTED.setdefault(model, {})[inputs_file] = batch
         return batch
     raise_if_declared_quantization_unapplied(model)  # the cause of every rejection, named (declared_quantization)

@@ -5,8 +5,11 @@ fp16 the same evidence is only information."""
 import pytest
 import torch
 
+from workbench.model.batch import target_inputs
+from workbench.model.passes import counted_passes
 from workbench.model.setups import PreparedModel
 from workbench.model.target import resolve_target
+from workbench.probes.train import fp16
 from workbench.probes.train.configuration import TrainingConfiguration
 from workbench.probes.train.fp16 import fp16_probe
 from workbench.probes.train.fp16_headroom import FP16_REFUSED_BY_VLLM, headroom_bits, vllm_fp16_refusal
@@ -89,29 +92,69 @@ def test_without_fp16_the_headroom_is_information(target, tmp_path):
     assert "not judged" in finding(result)[0].detail
 
 
-def test_a_running_training_without_fp16_skips_the_fp32_forward(target, tmp_path, monkeypatch):
-    """In the training callback the run's launch is known: without fp16 there is no headroom to judge, so the fp32
-    forward is not paid. The same arguments in a diagnosis (which may still be turned to fp16) get the reading, and
-    an accelerator launched with mixed_precision='fp16' counts as fp16."""
-    import workbench.probes.train.fp16 as fp16
+def test_a_running_training_without_fp16_skips_the_fp32_forward(target, tmp_path):
+    """In the training callback the run's launch is known: without fp16 there is no headroom to judge, so no forward
+    is paid. The same arguments in a diagnosis (which may still be turned to fp16) get the reading, and an
+    accelerator launched with mixed_precision='fp16' counts as fp16; on this fp32 model both read the forward that
+    accepted the batch, which is the fp32 forward."""
     from workbench.probes.train.configuration import RunLaunch
 
-    forwards = []
-    real = fp16._fp32_forward
-    monkeypatch.setattr(fp16, "_fp32_forward", lambda *a: forwards.append(1) or real(*a))
     args = configuration(tmp_path, False).args
     running = TrainingConfiguration("trainer", args, object(), launch=RunLaunch(1, "bf16", False))
-    result = fp16_probe(PreparedModel(tiny_llama(), None, "test", "bf16 run"), target, running)
+    with counted_passes() as passes:
+        result = fp16_probe(PreparedModel(tiny_llama(), None, "test", "bf16 run"), target, running)
     (found,) = finding(result)
-    assert found.verdict == "info" and "not read" in found.title and result.reading is None and not forwards
+    assert found.verdict == "info" and "not read" in found.title and result.reading is None and passes.forwards == 0
     assert "fp16=False (trainer)" in found.detail
     diagnosed = TrainingConfiguration("trainer", args, object())  # a set-up's Trainer: its launch is not known
-    assert fp16_probe(PreparedModel(tiny_llama(), None, "test", "set-up"), target, diagnosed).reading is not None
-    assert forwards == [1]
+    with counted_passes() as passes:
+        result = fp16_probe(PreparedModel(tiny_llama(), None, "test", "set-up"), target, diagnosed)
+    assert result.reading is not None and passes.forwards == 1  # the batch's own check, read for the headroom
+    assert result.read_from == "the fp32 forward that accepted the batch"
     launched_fp16 = TrainingConfiguration("trainer", args, object(), launch=RunLaunch(2, "fp16", False))
-    result = fp16_probe(PreparedModel(tiny_llama(), None, "test", "fp16 run"), target, launched_fp16)
-    assert result.uses_fp16 and result.reading is not None and forwards == [1, 1]
+    with counted_passes() as passes:
+        result = fp16_probe(PreparedModel(tiny_llama(), None, "test", "fp16 run"), target, launched_fp16)
+    assert result.uses_fp16 and result.reading is not None and passes.forwards == 1
     assert "mixed_precision='fp16'" in result.fp16_cited
+
+
+def rows(reading):
+    return {view: {r["module"]: r["headroom_bits"] for r in getattr(reading, view)} for view in ("amp", "half")}
+
+
+def test_an_fp32_models_reading_is_its_accepting_forward_and_equals_its_own_fp32_forward(target, tmp_path):
+    model = tiny_llama()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1e9)
+    with counted_passes() as passes:
+        result = fp16_probe(PreparedModel(model, None, "test", "planted"), target, configuration(tmp_path, True))
+    assert passes.forwards == 1 and result.read_from == "the fp32 forward that accepted the batch"
+    assert [f.verdict for f in finding(result)] == ["fail"]
+    inputs, _how = target_inputs(model, target)
+    own = fp16._fp32_forward(model, inputs, set(model._no_split_modules))
+    assert rows(result.reading) == rows(own) and result.reading.residual == own.residual
+    assert "Read from the fp32 forward that accepted the batch" in finding(result)[0].detail
+
+
+def test_a_bf16_model_reads_its_accepting_forward_only_while_fp16_is_not_configured(target, tmp_path):
+    model = tiny_llama(torch.bfloat16)
+    with counted_passes() as passes:
+        shared = fp16_probe(PreparedModel(model, None, "test", "bf16"), target, configuration(tmp_path, False))
+    assert passes.forwards == 1 and "accepted the batch, in the model's own dtypes (bfloat16" in shared.read_from
+    (found,) = finding(shared)
+    assert found.verdict == "info" and shared.read_from in found.detail and found.evidence["read_from"]
+    with counted_passes() as passes:
+        judged = fp16_probe(PreparedModel(model, None, "test", "bf16"), target, configuration(tmp_path, True))
+    assert passes.forwards == 1 and judged.read_from == "one fp32 forward"  # the batch was accepted before
+    assert [f.verdict for f in finding(judged)] == ["pass"]
+    exact, approx = rows(judged.reading), rows(shared.reading)
+    assert exact.keys() == approx.keys() and all(exact[v].keys() == approx[v].keys() for v in exact)
+    # the bf16 forward's values against the fp32 one's: within bf16's rounding through two blocks
+    assert max(abs(exact[v][m] - approx[v][m]) for v in exact for m in exact[v]) < 0.05
+    half = tiny_llama(torch.float16)
+    with counted_passes() as passes:
+        own = fp16_probe(PreparedModel(half, None, "test", "fp16 weights"), target, configuration(tmp_path, False))
+    assert passes.forwards == 2 and own.read_from == "one fp32 forward"  # fp16's range is not fp32's: read in fp32
 
 
 def test_an_fp16_model_is_judged_in_the_half_weights_view_and_restored(target, tmp_path):

@@ -7,8 +7,11 @@ fp32, but a `modules_to_save` copy keeps the base's dtype (peft #341: an fp16 mo
 `modules_to_save=["lm_head"]` trains `lm_head.modules_to_save.default.weight` in fp16).
 
 (b) **Activation headroom** below fp16's 65504, from one fp32 forward on the batch the forward probes use
-(`fp16_headroom`), in the AMP view (fp32 weights under autocast) and the half-weights view (a model stored in
-fp16), the residual stream per decoder block as a curve, and vLLM's own list of model types it refuses in fp16.
+(`fp16_headroom`), in the AMP view (fp32 weights under autocast) and the half-weights view (a model stored in fp16),
+the residual stream per decoder block as a curve, and vLLM's own list of model types it refuses in fp16. That forward
+is the one that accepted the batch where it was fp32 already (every tensor fp32). Where fp16 is not configured and the
+model holds no fp16 tensor, the reading is only information, and the accepting forward gives it in the model's own
+dtype (bf16 keeps fp32's range): no forward of its own.
 
 Judged only when the configuration sets `fp16=True`: `fail` for a trainable fp16 parameter or an overflow, `warn`
 under 4 bits of headroom (or a type vLLM refuses in fp16); otherwise `info` with the same evidence. In the training
@@ -30,7 +33,7 @@ from workbench.display.findings_view import figure
 from workbench.display.nodes import Display, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding, combine_findings
-from workbench.model.batch import target_inputs
+from workbench.model.batch import accepted_batch, target_inputs
 from workbench.model.components import unwrap_model
 from workbench.model.memory import room_for_a_copy
 from workbench.probes.train.fp16_headroom import (
@@ -38,6 +41,7 @@ from workbench.probes.train.fp16_headroom import (
     VLLM_SOURCE,
     WARN_BITS,
     HeadroomReading,
+    headroom_of,
     read_headroom,
     vllm_fp16_refusal,
 )
@@ -63,13 +67,15 @@ class Fp16Result(ProbeResult):
     vllm: tuple[str, str] | None
     inputs_how: str = ""
     forward_error: str | None = None
+    read_from: str = ""  # the forward the reading comes from: its own fp32 one, or the one that accepted the batch
 
     def _evidence(self) -> dict[str, Any]:
         reading = self.reading
         return {"fp16": self.fp16_cited, "stored_dtype": self.stored_dtype,
                 "fp16_trainable": self.fp16_trainable[:40], "fp16_trainable_count": len(self.fp16_trainable),
                 "gradscaler": f"{GRADSCALER_MESSAGE} ({GRADSCALER_SOURCE})", "upstream": "huggingface/peft#341",
-                "judged_view": self.judged_view, "inputs": self.inputs_how, "forward_error": self.forward_error,
+                "judged_view": self.judged_view, "read_from": self.read_from, "inputs": self.inputs_how,
+                "forward_error": self.forward_error,
                 "amp_lowest": reading.amp[:10] if reading else [], "half_lowest": reading.half[:10] if reading else [],
                 "residual_stream": reading.residual if reading else [],
                 "residual_block": reading.block_class if reading else None,
@@ -123,7 +129,7 @@ class Fp16Result(ProbeResult):
         other = reading.amp_min if self.judged_view == "half weights" else reading.half_min
         other_view = "AMP" if self.judged_view == "half weights" else "half weights"
         summary = (f"{self.judged_view} view: lowest headroom at {where}; {other_view} view: {_bits(other)}. "
-                   f"Read from one fp32 forward on {self.inputs_how or 'the sample batch'}.")
+                   f"Read from {self.read_from or 'one fp32 forward'} on {self.inputs_how or 'the sample batch'}.")
         vllm = (f" vLLM refuses model type {self.vllm[0]!r} in float16 ('{self.vllm[1]}', {VLLM_SOURCE})."
                 if self.vllm else "")
         fix = ("Train in bf16 (bf16=True) where the GPU supports it; in fp16, keep the modules named here in fp32 "
@@ -269,6 +275,26 @@ def _cast_whole_model(model):
             t.data = data
 
 
+def _reading_without_a_forward(model, target, uses_fp16: bool, block_names: set[str]) -> tuple[
+        HeadroomReading | None, str]:
+    """The headroom from the forward that accepted the batch (`workbench.model.batch`), where that forward says
+    what an fp32 forward would: every floating tensor fp32 (it was one), or fp16 not configured and nothing in fp16
+    (a bf16 forward, within bf16's rounding of the fp32 one and with its range: the reading is only information).
+    (None, "") where the fp32 forward must run."""
+    peaks = accepted_batch(model, target).peaks  # the batch was accepted just before: no forward here
+    if peaks is None:
+        return None, ""
+    floating = {t.dtype for t in [*model.parameters(), *model.buffers()] if t.dtype.is_floating_point}
+    if floating <= {torch.float32}:
+        return headroom_of(model, peaks, block_names), "the fp32 forward that accepted the batch"
+    if not uses_fp16 and torch.float16 not in floating:
+        dtypes = ", ".join(sorted(str(d).removeprefix("torch.") for d in floating))
+        return headroom_of(model, peaks, block_names), (
+            f"the forward that accepted the batch, in the model's own dtypes ({dtypes}; fp16 is not configured, so "
+            "no fp32 forward was run for this information)")
+    return None, ""
+
+
 def fp16_probe(prepared, target, config) -> Fp16Result:
     model = prepared.model
     uses_fp16, cited = _uses_fp16(config)
@@ -278,12 +304,16 @@ def fp16_probe(prepared, target, config) -> Fp16Result:
     inner, _ = unwrap_model(model)
     block_names = set(getattr(inner, "_no_split_modules", None) or ())
     refusal = vllm_fp16_refusal(getattr(inner, "config", None))
-    reading, error, how = None, None, ""
+    reading, error, how, read_from = None, None, "", ""
     if uses_fp16 or getattr(config, "launch", None) is None:
         inputs, how = target_inputs(model, target)  # BatchNotAccepted: an `error`, said by the caller
-        try:
-            reading = _fp32_forward(model, inputs, block_names)
-        except Exception as exc:  # noqa: BLE001 - the failure is the evidence
-            error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        reading, read_from = _reading_without_a_forward(model, target, uses_fp16, block_names)
+        if reading is None:
+            read_from = "one fp32 forward"
+            try:
+                reading = _fp32_forward(model, inputs, block_names)
+            except Exception as exc:  # noqa: BLE001 - the failure is the evidence
+                error = f"{type(exc).__name__}: {str(exc)[:300]}"
     return Fp16Result(uses_fp16, cited, str(stored).removeprefix("torch."), fp16_trainable,
-                      _modules_to_save_copies(model, fp16_trainable), reading, judged_view, refusal, how, error)
+                      _modules_to_save_copies(model, fp16_trainable), reading, judged_view, refusal, how, error,
+                      read_from)

@@ -1,11 +1,12 @@
-"""How far a model's activations sit below fp16's largest finite value (65504), from one fp32 forward.
+"""How far a model's activations sit below fp16's largest finite value (65504), from one recorded forward
+(`workbench.model.activation_peaks`; which forward, `workbench.probes.train.fp16` decides).
 
 Two views of the same forward:
 
 - **AMP** (`fp16=True` with fp32 weights): autocast runs the matrix products in fp16 and leaves the rest in fp32, so
   what must fit is the inputs and outputs of those products: `F.linear`, `matmul`/`@`, `bmm`, `baddbmm`, `mm`,
-  `addmm`, `einsum`, the convolutions and `scaled_dot_product_attention` (torch's CUDA autocast fp16 op list). A
-  `TorchFunctionMode` records them, attributed to the innermost module that called them.
+  `addmm`, `einsum`, the convolutions and `scaled_dot_product_attention` (torch's CUDA autocast fp16 op list),
+  attributed to the innermost module that called them.
 - **half weights** (a model stored in fp16): every tensor is fp16, the residual stream included, so every module's
   floating outputs must fit.
 
@@ -23,9 +24,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
-from workbench.model.finiteness import largest_magnitude
+from workbench.model.activation_peaks import ActivationPeaks, recorded_peaks
 
 FP16_MAX = 65504.0
 WARN_BITS = 4.0
@@ -42,14 +42,6 @@ FP16_REFUSED_BY_VLLM: dict[str, str] = {
 VLLM_SOURCE = ("vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS (vllm-project/vllm at commit "
                "0052a5b818980ce8a0477706aaf9f75bd5af72cd)")
 
-_F = torch.nn.functional
-AMP_FP16_FUNCTIONS = frozenset({
-    _F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.bmm,
-    torch.Tensor.bmm, torch.baddbmm, torch.Tensor.baddbmm, torch.mm, torch.Tensor.mm, torch.addmm, torch.Tensor.addmm,
-    torch.einsum, _F.conv1d, _F.conv2d, _F.conv3d, _F.scaled_dot_product_attention,
-})
-
-
 def headroom_bits(amax: float) -> float:
     """log2(65504 / amax): bits left before fp16 overflows; inf for an all-zero tensor, -inf for inf/NaN."""
     if amax == 0:
@@ -57,38 +49,6 @@ def headroom_bits(amax: float) -> float:
     if not math.isfinite(amax):
         return -math.inf
     return math.log2(FP16_MAX / amax)
-
-
-def _amax(value: Any) -> float:
-    """The largest |x| over the floating tensors in a (nested) output; NaN counts as overflow."""
-    if torch.is_tensor(value):
-        if not value.is_floating_point() or value.numel() == 0 or value.device.type == "meta":
-            return 0.0
-        peak = largest_magnitude(value)  # one min/max reduction, no |x| copy of every weight a product reads
-        return math.inf if math.isnan(peak) else float(peak)
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        return max((_amax(v) for v in value), default=0.0)
-    return 0.0
-
-
-class _AmpRecorder(TorchFunctionMode):
-    """Records max |input| (weights included: autocast casts them too), |output| of the products autocast runs in fp16, per innermost module."""
-
-    def __init__(self, stack: list[str], peaks: dict[str, list]) -> None:
-        super().__init__()
-        self.stack, self.peaks = stack, peaks
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func in AMP_FP16_FUNCTIONS:
-            where = self.stack[-1] if self.stack else "(model)"
-            peak = self.peaks.setdefault(where, [0.0, getattr(func, "__name__", str(func))])
-            value = max(_amax(list(args)), _amax(out))
-            if value > peak[0]:
-                peak[0], peak[1] = value, getattr(func, "__name__", str(func))
-        return out
 
 
 @dataclasses.dataclass
@@ -115,50 +75,29 @@ def _row(name: str, amax: float, **extra: Any) -> dict[str, Any]:
 
 def read_headroom(model: nn.Module, inputs: dict, block_names: set[str]) -> HeadroomReading:
     """One forward (no grad, eval) with every module's outputs and every fp16 product recorded."""
-    outputs: dict[str, float] = {}
-    stack: list[str] = []
-    amp: dict[str, list] = {}
-    handles = []
-    blocks: list[str] = []
-    block_class = None
-
-    def pre(name):
-        def hook(_module, _args):
-            stack.append(name)
-        return hook
-
-    def post(name):
-        def hook(_module, _args, out):
-            if stack and stack[-1] == name:
-                stack.pop()
-            outputs[name] = max(outputs.get(name, 0.0), _amax(out))
-        return hook
-
-    for name, module in model.named_modules():
-        if not name:
-            continue
-        handles.append(module.register_forward_pre_hook(pre(name)))
-        handles.append(module.register_forward_hook(post(name)))
-        if type(module).__name__ in block_names:
-            blocks.append(name)
-            block_class = type(module).__name__
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), _AmpRecorder(stack, amp):
+        with torch.no_grad(), recorded_peaks(model) as peaks:
             model(**inputs)
     finally:
-        for handle in handles:
-            handle.remove()
         model.train(was_training)
-    amp_rows = sorted((_row(name, peak, op=op) for name, (peak, op) in amp.items()),
+    return headroom_of(model, peaks, block_names)
+
+
+def headroom_of(model: nn.Module, peaks: ActivationPeaks, block_names: set[str]) -> HeadroomReading:
+    """The reading of a recorded forward of `model` (`workbench.model.activation_peaks`)."""
+    amp_rows = sorted((_row(name, peak, op=op) for name, (peak, op) in peaks.products.items()),
                       key=lambda r: r["headroom_bits"])
-    half_rows = sorted((_row(name, peak) for name, peak in outputs.items()), key=lambda r: r["headroom_bits"])
+    half_rows = sorted((_row(name, peak) for name, peak in peaks.outputs.items()), key=lambda r: r["headroom_bits"])
+    blocks = [(name, type(module).__name__) for name, module in model.named_modules()
+              if name and type(module).__name__ in block_names]
     # the residual stream of the decoder: the blocks of the last block class (a VLM's vision blocks come first and
     # are another stream), numbered within that class
-    decoder_blocks = [name for name in blocks if type(model.get_submodule(name)).__name__ == block_class]
-    residual = [_row(name, outputs.get(name, 0.0), layer=i) for i, name in enumerate(decoder_blocks)
-                if name in outputs]
+    block_class = blocks[-1][1] if blocks else None
+    decoder_blocks = [name for name, cls in blocks if cls == block_class]
+    residual = [_row(name, peaks.outputs.get(name, 0.0), layer=i) for i, name in enumerate(decoder_blocks)
+                if name in peaks.outputs]
     return HeadroomReading(amp_rows, half_rows, residual, block_class)
 
 
