@@ -261,3 +261,37 @@ def test_the_traced_cell_is_the_buffer_probes_forward_where_its_cast_changed_not
         [dataclasses.replace(c, same_as=None) for c in alone.cells]
     assert shared.flow == alone.flow and shared.diagnosis == alone.diagnosis
     assert [f.verdict for f in shared.findings()] == [f.verdict for f in alone.findings()]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2_tied"])
+def test_the_replica_threads_forward_in_02_is_the_traced_cell_the_buffer_probe_and_the_matrix_read(family, name):
+    """02's DataParallel replica runs the model as prepared in training mode without autocast or grad, on the batch,
+    under the dtype tracer: forward.mixed_precision_buffers reads that trace instead of running its forward, and the
+    matrix's traced cell is it. Verdicts, cells, dtype flow and diagnosis equal those of probes that run their own
+    forwards; only the thread the flow ran in differs."""
+    from workbench.model.batch import _ACCEPTED
+    from workbench.probes.parallel.probes import trainer_wrap_probe
+
+    target = resolve_target(str(family(name)), gpus=2)
+    prepared = prepare_model(target)
+    model = prepared.model
+    alone_buffers = mixed_precision_buffer_probe(prepared, target)
+    alone = forward_scenarios_probe(prepared, target)
+    _ACCEPTED.pop(model)  # the batch built again, with no forward remembered
+    assert trainer_wrap_probe(prepared, target).replica[1].ok
+    calls = []
+    hook = model.register_forward_pre_hook(lambda module, args: calls.append(module.training))
+    shared_buffers = mixed_precision_buffer_probe(prepared, target)
+    assert calls == []  # no forward of its own
+    shared = forward_scenarios_probe(prepared, target)
+    hook.remove()
+    assert calls == [False, True]  # eval / autocast, train / autocast: the traced cell is not run again
+    traced = next(c for c in shared.cells if (c.variant, c.mode, c.context) == ("as prepared", "train", "no autocast"))
+    assert traced.same_as == "02's replica thread forward (train, no autocast, these inputs)"
+    assert [f.to_dict() for f in shared_buffers.findings()] == [f.to_dict() for f in alone_buffers.findings()]
+    assert [dataclasses.replace(c, same_as=None) for c in shared.cells] == \
+        [dataclasses.replace(c, same_as=None) for c in alone.cells]
+    assert {row.pop("thread") for row in shared.flow} == {"replica-0"}
+    assert {row.pop("thread") for row in alone.flow} == {"MainThread"}
+    assert shared.flow == alone.flow and shared.diagnosis == alone.diagnosis
+    assert [f.verdict for f in shared.findings()] == [f.verdict for f in alone.findings()]

@@ -21,7 +21,7 @@ from torch import nn
 from workbench.display.nodes import Display, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.model.batch import remember_forward, target_inputs
+from workbench.model.batch import accepted_batch, remember_forward, target_inputs
 from workbench.model.components import ComponentClassifier, unwrap_model
 from workbench.model.dtypes import (
     compute_dtype_of,
@@ -131,16 +131,22 @@ def mixed_precision_buffer_probe(prepared, target) -> BufferResult:
             elif p.dtype.is_floating_point and p.dtype != compute:
                 saved[p] = p.dtype
                 p.data = p.data.to(compute)
-        model.train()
-        with DtypeTracer(model) as tracer:
-            out, exc = run_forward(model, inputs, "no autocast", compute)
+        as_prepared = not saved and all(inputs[k] is v for k, v in batch.items())
+        # nothing cast: this forward is the model as prepared, train mode, no autocast, on the batch, traced — where
+        # another step ran that already (02's replica thread), its trace is read instead of running it again
+        _summary, _by, traced_before = accepted_batch(model, target).forwards.get(("train", "no autocast"),
+                                                                                 (None, None, None))
+        if as_prepared and traced_before is not None:
+            tracer, exc = traced_before, None
+        else:
+            model.train()
+            with DtypeTracer(model) as tracer:
+                out, exc = run_forward(model, inputs, "no autocast", compute)
+            if exc is None and as_prepared:  # the forward matrix's traced cell, which reads it rather than run it
+                remember_forward(model, target, batch, "train", "no autocast", out, "forward.mixed_precision_"
+                                 "buffers' traced forward", tracer=tracer)
+            del out
         library = library_dtype_break(model, tracer, compute) if exc is not None else None  # parameters still cast
-        if exc is None and not saved and all(inputs[k] is v for k, v in batch.items()):
-            # nothing was cast: this is the model as prepared, train mode, no autocast, on the batch, traced — the
-            # forward matrix's traced cell, which reads it rather than running it again
-            remember_forward(model, target, batch, "train", "no autocast", out, "forward.mixed_precision_buffers' "
-                             "traced forward", tracer=tracer)
-        del out
     finally:
         for p, dtype in saved.items():
             p.data = p.data.to(dtype)

@@ -10,7 +10,7 @@ import transformers
 from workbench.display.nodes import Bullets, Display, Heading, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
-from workbench.model.batch import target_inputs
+from workbench.model.batch import remember_forward, target_inputs
 from workbench.model.components import unwrap_model
 from workbench.model.dtypes import compute_dtype_of, off_compute_dtype
 from workbench.model.loading import auto_config
@@ -200,9 +200,14 @@ def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
                                    device_map=device_map, **options)
     replica: list[ForwardOutcome] = []
     replica_note = None
+    def ran_without_autocast(inputs: dict):
+        """The replica's forward is the forward matrix's train / no-autocast cell, traced: kept for notebook 04."""
+        return lambda out, tracer: remember_forward(model, target, inputs, "train", "no autocast", out,
+                                                    "02's replica thread forward", tracer=tracer)
+
     if headline.wraps_data_parallel or any(r["wraps_data_parallel"] for r in releases):
         inputs, _how = target_inputs(model, target)  # labels that fit the head: T5 cannot run its decoder without
-        replica = replica_forward_check(model, inputs, compute_dtype_of(model))
+        replica = replica_forward_check(model, inputs, compute_dtype_of(model), ran_without_autocast(inputs))
     elif unstated is not None and unstated.wraps_data_parallel and \
             next(off_compute_dtype(model, compute_dtype_of(model)), None) is None:
         # every floating tensor in the compute dtype: a replica thread without autocast computes in it as the caller
@@ -212,7 +217,7 @@ def trainer_wrap_probe(prepared, target) -> TrainerWrapResult:
     elif unstated is not None and unstated.wraps_data_parallel:
         try:  # what a launch nobody stated would do: without a batch this model accepts, only the wrap is said
             inputs, _how = target_inputs(model, target)
-            replica = replica_forward_check(model, inputs, compute_dtype_of(model))
+            replica = replica_forward_check(model, inputs, compute_dtype_of(model), ran_without_autocast(inputs))
         except Exception as exc:  # noqa: BLE001 - the stated verdict does not depend on it
             replica_note = f"its replica forward was not run ({type(exc).__name__}: {str(exc)[:160]})"
     baseline = single_gpu_baseline(options["dataset_size"], options["per_device_batch"], options["accumulation"])

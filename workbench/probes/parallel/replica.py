@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from torch import nn
 
 from workbench.model.forward import autocast, autocast_reaches_a_new_thread
 from workbench.model.loading import first_device
+from workbench.model.tracer import DtypeTracer
 
 
 @dataclasses.dataclass
@@ -32,7 +34,8 @@ class ForwardOutcome:
         return dataclasses.asdict(self)
 
 
-def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) -> ForwardOutcome:
+def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) -> tuple[ForwardOutcome, Any]:
+    """The outcome of one no-grad forward, and its output (None when it raised)."""
     active = torch.is_autocast_enabled(device_type)
     try:
         with torch.no_grad():
@@ -40,39 +43,49 @@ def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) ->
         logits = getattr(out, "logits", None)
         if logits is None:  # a bare model: its last_hidden_state
             logits = out[0] if isinstance(out, (tuple, list, dict)) else out
-        return ForwardOutcome(scenario, True, active, str(logits.dtype).removeprefix("torch."))
+        return ForwardOutcome(scenario, True, active, str(logits.dtype).removeprefix("torch.")), out
     except Exception as exc:  # noqa: BLE001 - the failing forward is the evidence
-        return ForwardOutcome(scenario, False, active, None, f"{type(exc).__name__}: {str(exc)[:300]}")
+        return ForwardOutcome(scenario, False, active, None, f"{type(exc).__name__}: {str(exc)[:300]}"), None
 
 
-def replica_forward_check(model: nn.Module, inputs: dict, compute_dtype: torch.dtype) -> list[ForwardOutcome]:
+# called with the replica thread's output and the dtype tracer it ran under, where it ran without autocast: the
+# model as prepared in training mode, no grad, no autocast, on the inputs given (`batch.remember_forward`)
+RanWithoutAutocast = Callable[[Any, DtypeTracer], None]
+
+
+def replica_forward_check(model: nn.Module, inputs: dict, compute_dtype: torch.dtype,
+                          ran_without_autocast: RanWithoutAutocast | None = None) -> list[ForwardOutcome]:
     """Three forwards in training mode: main thread under autocast (a single-GPU Trainer), a worker thread started
     under autocast (a DataParallel replica), the main thread with no autocast (a wrapped model in Trainer >= 4.30).
     The third is the replica's forward, not run again, where torch says a thread started under autocast runs
     without it (`autocast_reaches_a_new_thread`, torch 2.13: always) and the replica ran without it: the same model,
-    mode, inputs and grad mode, with autocast off."""
+    mode, inputs and grad mode, with autocast off. The replica runs under the dtype tracer, which hooks modules in
+    any thread; where it ran and without autocast, `ran_without_autocast` gets its output and trace."""
     device_type = first_device(model).type
     was_training = model.training
     model.train()
     outcomes: list[ForwardOutcome] = []
     try:
         with autocast(device_type, compute_dtype):
-            outcomes.append(_forward(model, inputs, "main thread, autocast", device_type))
-            holder: list[ForwardOutcome] = []
-            worker = threading.Thread(
-                target=lambda: holder.append(_forward(model, inputs, "replica thread started under autocast",
-                                                      device_type)))
-            worker.start()
-            worker.join()
-            replica = holder[0]
+            outcomes.append(_forward(model, inputs, "main thread, autocast", device_type)[0])
+            holder: list[tuple[ForwardOutcome, Any]] = []
+            with DtypeTracer(model) as tracer:
+                worker = threading.Thread(name="replica-0", target=lambda: holder.append(
+                    _forward(model, inputs, "replica thread started under autocast", device_type)))
+                worker.start()
+                worker.join()
+            replica, replica_out = holder[0]
             outcomes.append(replica)
+        if replica.ok and not replica.autocast_active and ran_without_autocast is not None:
+            ran_without_autocast(replica_out, tracer)
+        del replica_out
         if not replica.autocast_active and not autocast_reaches_a_new_thread(device_type, compute_dtype):
             outcomes.append(dataclasses.replace(
                 replica, scenario="main thread, no autocast",
                 same_as="the replica thread's forward (a thread started under autocast runs without it: torch keeps "
                         "autocast's state per thread)"))
         else:
-            outcomes.append(_forward(model, inputs, "main thread, no autocast", device_type))
+            outcomes.append(_forward(model, inputs, "main thread, no autocast", device_type)[0])
     finally:
         model.train(was_training)
     return outcomes
