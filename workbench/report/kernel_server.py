@@ -4,8 +4,8 @@ diagnoses.
 A kernel's start-up is mostly importing torch, transformers and pandas (`kernel_imports.WARM_UP`: about 4.7 s of
 CPU on 2 cores), a torchrun rank's importing `transformers.trainer` (about 6 s), paid again by every process. A
 kernel server pays it once: it imports both, and peft with bitsandbytes (about 2.7 s more, which a diagnosis's
-notebooks 01 and 03 import), then forks a process for each request, the child taking the
-requester's environment, working folder, standard streams and arguments. The child becomes the kernel
+notebooks 01 and 03 import: `kernel_imports.import_the_training_stack`), then forks a process for each request, the
+child taking the requester's environment, working folder, standard streams and arguments. The child becomes the kernel
 `python -m ipykernel_launcher` would start, or the rank `python -m MODULE` would be, its imports already done.
 
     python -m workbench.report.kernel_server SOCKET      # serves until SIGTERM
@@ -147,15 +147,16 @@ class KernelServer:
         quiet: `runtime.quiet_and_offline`, where not set already) are set here too, as the CLI sets them."""
         import gc
 
-        from workbench.report.kernel_imports import WARM_UP
+        from workbench.report.kernel_imports import WARM_UP, import_the_training_stack
         from workbench.runtime import quiet_and_offline
 
         os.environ[SERVER_ENV] = self.path  # as in every environment it serves
         quiet_and_offline()
         self.base_env = dict(os.environ)
         exec(compile(WARM_UP, "<kernel warm-up>", "exec"), {})  # noqa: S102 - the module's own constant
-        import peft  # noqa: F401 - and bitsandbytes with it: every diagnosis's notebooks 01 and 03 import them (2.7 s)
-        import transformers.trainer  # noqa: F401 - what a torchrun rank imports first; the notebooks import it later
+        # whatever the kernels it serves will run: peft and bitsandbytes (2.7 s), and transformers.trainer, what a
+        # torchrun rank imports first
+        import_the_training_stack()
 
         gc.freeze()  # what the imports made stays shared with the kernels, untouched by their collections
 
