@@ -13,22 +13,28 @@ WARM_UP = ("import torch, transformers, pandas, workbench.notebook\nfrom transfo
            "import gc\ngc.freeze()")
 
 
+# the notebooks that import the training stack as they run, measured on a plain checkpoint (`python -c` running one
+# notebook's steps after the warm-up, then reading sys.modules): 01's 4-bit census builds its skeleton through
+# transformers' bitsandbytes quantizer (peft, bitsandbytes); 02, 03 and 09 build Trainers (both). 00, 04, 05, 06, 07
+# and 10 import neither; an adapter's set-up imports peft wherever it prepares the model.
+TRAINING_STACK_NOTEBOOKS = ("01_dtype_distribution", "02_dataparallel", "03_peft_attributes", "09_training_step")
+
+
 def import_the_training_stack() -> None:
-    """peft (which imports bitsandbytes) and the Trainer (which imports datasets): what notebooks 01, 02, 03 and 09
-    import as they run, about 170,000 objects. Imported before the warm-up's freeze, they are out of every later
-    collection's scan: a diagnosis runs several full ones (the Trainer's `accelerator.free_memory()` runs one per
-    `train()`, five in notebook 09's loss_accumulation alone), 0.1 s each on this project's machine otherwise."""
+    """peft (which imports bitsandbytes) and the Trainer (which imports datasets): about 170,000 objects. Imported
+    before the warm-up's freeze, they are out of every later collection's scan: a diagnosis runs several full ones
+    (the Trainer's `accelerator.free_memory()` runs one per `train()`, five in notebook 09's loss_accumulation
+    alone), 0.1 s each on this project's machine otherwise."""
     import peft  # noqa: F401
     import transformers.trainer  # noqa: F401
 
 
 def import_the_training_stack_if_planned(notebooks: str | None = None) -> None:
-    """`import_the_training_stack` where the diagnosis prepares the model (a notebook of `notebooks`, default the
-    kernel's WORKBENCH_NOTEBOOKS, runs the set-up's `prepared` step): a diagnosis of the saved files or the data alone
-    does not pay for it."""
-    from workbench.model.prefetch import loads_the_model
+    """`import_the_training_stack` where the diagnosis runs a notebook that imports it anyway
+    (`TRAINING_STACK_NOTEBOOKS`; `notebooks`: comma-separated names, default the kernel's WORKBENCH_NOTEBOOKS): a
+    diagnosis of the saved files, the data or the forward checks alone does not pay for it."""
     from workbench.model.shared import NOTEBOOKS_ENV
 
     planned = os.environ.get(NOTEBOOKS_ENV, "") if notebooks is None else notebooks
-    if loads_the_model([name for name in planned.split(",") if name]):
+    if set(planned.split(",")) & set(TRAINING_STACK_NOTEBOOKS):
         import_the_training_stack()
