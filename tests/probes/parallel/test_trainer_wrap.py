@@ -61,26 +61,6 @@ def test_healthy_bf16_model_on_two_gpus_warns_and_stays_runnable(demo):
     assert all(outcome.ok for outcome in report.replica)
 
 
-def test_the_trainers_use_cache_is_put_back_for_the_later_notebooks(demo, family, tmp_path):
-    """Trainer.__init__ sets model.config.use_cache = args.use_cache (False): the probe's Trainers leave the model's
-    config as prepared, so the forwards and generate of notebooks 04, 05 and 09 run it as loaded."""
-    from transformers import Trainer, TrainingArguments
-
-    target = resolve_target(str(family("llama")), gpus=2)
-    prepared = prepare_model(target)
-    config = prepared.model.config
-    assert config.use_cache is True
-    trainer_wrap_probe(prepared, target)
-    assert config.use_cache is True
-    Trainer(model=prepared.model, args=TrainingArguments(output_dir=str(tmp_path), report_to=[],
-                                                         use_cpu=True))
-    assert config.use_cache is False  # what the installed Trainer does, unguarded
-    vlm = prepare_model(resolve_target(str(demo.qwen_base), gpus=2))
-    assert not hasattr(vlm.model.config, "use_cache")  # Qwen2-VL keeps it in its text config
-    trainer_wrap_probe(vlm, resolve_target(str(demo.qwen_base), gpus=2))
-    assert not hasattr(vlm.model.config, "use_cache")  # not added either
-
-
 def test_planted_fp32_norm_before_bf16_head_fails(demo):
     target = resolve_target(str(demo.qwen_base), gpus=2)
     prepared = prepare_model(target)

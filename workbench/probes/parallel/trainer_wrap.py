@@ -81,21 +81,6 @@ def _attributes(model: nn.Module, **values: Any) -> Iterator[None]:
                 setattr(model, k, v)
 
 
-@contextlib.contextmanager
-def _config_use_cache_kept(model: nn.Module) -> Iterator[None]:
-    config = getattr(model, "config", None)
-    missing = object()
-    kept = getattr(config, "use_cache", missing)
-    try:
-        yield
-    finally:
-        if config is not None and kept is missing:
-            with contextlib.suppress(AttributeError):
-                delattr(config, "use_cache")
-        elif config is not None:
-            config.use_cache = kept
-
-
 def steps_per_epoch(dataset_size: int, train_batch_size: int, accumulation: int) -> int:
     # Trainer: len(dataloader) // accumulation + int(len(dataloader) % accumulation > 0), at least 1
     batches = math.ceil(dataset_size / train_batch_size)
@@ -120,9 +105,7 @@ def observe_trainer(model: nn.Module, gpus: int, *, scenario: str = "as loaded",
         _ = args.device  # resolve devices first; then the GPU count the training process would see
         args._n_gpu = gpus
         overrides = {"hf_device_map": seen} if seen is not None else {}
-        # the Trainer's __init__ sets model.config.use_cache = args.use_cache (transformers 5.23 trainer.py,
-        # "11. Finalize"): put back, so the later notebooks' forwards and generate run the model as prepared
-        with _attributes(inner, **overrides), _config_use_cache_kept(model):
+        with _attributes(inner, **overrides):
             try:
                 trainer = Trainer(model=model, args=args)
             except ValueError as exc:
