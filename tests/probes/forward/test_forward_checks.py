@@ -263,7 +263,7 @@ def test_the_traced_cell_is_the_buffer_probes_forward_where_its_cast_changed_not
     assert [f.verdict for f in shared.findings()] == [f.verdict for f in alone.findings()]
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2_tied"])
+@pytest.mark.parametrize("name", ["llama", "qwen2_tied", "mixtral", "gemma3_text", "qwen2_vl"])
 def test_the_replica_threads_forward_in_02_is_the_traced_cell_the_buffer_probe_and_the_matrix_read(family, name):
     """02's DataParallel replica runs the model as prepared in training mode without autocast or grad, on the batch,
     under the dtype tracer: forward.mixed_precision_buffers reads that trace instead of running its forward, and the

@@ -234,3 +234,34 @@ def test_a_forward_that_only_runs_in_its_own_dtype_is_an_error_naming_the_except
     twin = fp16_probe(PreparedModel(tiny_llama(torch.bfloat16), None, "test", "bf16"), target,
                       configuration(tmp_path, True))
     assert [f.verdict for f in finding(twin)] == ["pass"]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5", "bert_encoder", "mixtral", "gemma3_text", "qwen2_vl"])
+def test_the_accepting_forwards_reading_across_families(family, name, tmp_path):
+    """Tied fp32 Conv1D (gpt2), an fp32 encoder-decoder (t5) and a bare fp32 encoder: with fp16=True the reading is
+    the accepting forward's, equal to the probe's own fp32 forward; a bf16 MoE, a bf16 tied Gemma and a bf16 VLM
+    saved without a processor, fp16 not configured: the accepting forward's reading, information within bf16's
+    rounding of the fp32 forward's."""
+    from workbench.model.setups import prepare_model
+
+    folder = family(name)
+    target = resolve_target(str(folder))
+    model = prepare_model(target).model
+    fp32 = {p.dtype for p in model.parameters()} == {torch.float32}
+    inputs, _how = target_inputs(model, target)  # the batch checked, as notebook 01 does before notebook 09
+    with counted_passes() as passes:
+        result = fp16_probe(PreparedModel(model, None, "test", name), target, configuration(tmp_path, fp32))
+    assert passes.forwards == 0, result.read_from  # no forward for the headroom
+    own = fp16._fp32_forward(model, inputs, set(type(model)._no_split_modules or ()))
+    (found,) = finding(result)
+    assert result.read_from in found.detail and found.evidence["read_from"] == result.read_from
+    if fp32:
+        assert result.read_from == "the fp32 forward that accepted the batch"
+        assert rows(result.reading) == rows(own) and result.reading.residual == own.residual
+        assert found.verdict == "pass", found
+    else:
+        assert "in the model's own dtypes" in result.read_from and found.verdict == "info", found
+        shared, exact = rows(result.reading), rows(own)
+        assert shared.keys() == exact.keys()
+        assert all(abs(shared[v][m] - exact[v][m]) < 0.2 for v in exact for m in exact[v] if m in shared[v])
+        assert abs(result.reading.amp_min - own.amp_min) < 0.05 and abs(result.reading.half_min - own.half_min) < 0.05

@@ -49,7 +49,8 @@ def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) ->
 
 
 # called with the replica thread's output and the dtype tracer it ran under, where it ran without autocast: the
-# model as prepared in training mode, no grad, no autocast, on the inputs given (`batch.remember_forward`)
+# model in training mode, no grad, no autocast, on the inputs given (`batch.remember_forward`), as notebook 02's
+# Trainers leave it (their __init__ sets config.use_cache), which is how notebook 04's forwards find it too
 RanWithoutAutocast = Callable[[Any, DtypeTracer], None]
 
 
