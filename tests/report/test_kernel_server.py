@@ -74,6 +74,30 @@ def test_a_server_serves_on_a_socket_of_its_own_user_and_removes_it_when_termina
     assert not os.path.exists(path)
 
 
+def test_a_server_whose_launcher_is_killed_outright_stops_and_removes_its_socket(tmp_path):
+    """A test worker or shell killed with SIGKILL sends no SIGTERM: the server (the listening loop alone), reparented,
+    stops serving and removes its socket instead of holding the stack's memory with nobody left to ask it."""
+    path = str(tmp_path / "k.sock")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import sys\\n"
+         "from workbench.report.kernel_server import KernelServer\\nKernelServer(sys.argv[1]).serve()', sys.argv[1]], "
+         "stdin=subprocess.DEVNULL)\ntime.sleep(600)", path], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the server never bound its socket"
+            time.sleep(0.05)
+        (server,) = psutil.Process(launcher.pid).children()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 30
+    while os.path.exists(path):  # the loop notices its new parent within a tick (0.1 s)
+        assert time.monotonic() < deadline, "the server outlived its launcher"
+        time.sleep(0.05)
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+
+
 SLEEPER = "import os, pathlib, time\npathlib.Path('pid').write_text(str(os.getpid()))\ntime.sleep(600)\n"
 LAUNCHER = ("import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-m', 'workbench.report.kernel_client', "
             "'--module', 'sleeper'], stdin=subprocess.DEVNULL)\ntime.sleep(600)")

@@ -8,7 +8,7 @@ notebooks 01 and 03 import: `kernel_imports.import_the_training_stack`), then fo
 child taking the requester's environment, working folder, standard streams and arguments. The child becomes the kernel
 `python -m ipykernel_launcher` would start, or the rank `python -m MODULE` would be, its imports already done.
 
-    python -m workbench.report.kernel_server SOCKET      # serves until SIGTERM
+    python -m workbench.report.kernel_server SOCKET      # serves until SIGTERM, or until its launcher is gone
     WORKBENCH_KERNEL_SERVER=SOCKET workbench diagnose …  # its kernels and ranks come from the server
 
 Where a kernel is started (`kernels.Kernel.manager`) or torchrun launched (`distributed.launcher.torchrun_command`)
@@ -175,8 +175,11 @@ class KernelServer:
         self.listener = listener
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
+        # the process that started it: a launcher killed outright (a test worker, a shell) never sends the SIGTERM,
+        # and the server, reparented, would serve on with nobody to ask it (each one holds the stack's memory)
+        launcher = os.getppid()
         try:
-            while not stop:
+            while not stop and os.getppid() == launcher:
                 for key, _ in self.selector.select(timeout=0.1):
                     if key.fileobj is listener:
                         self._accept()
