@@ -35,7 +35,7 @@ def diagnose_as_asked(args, *, jobs: int | None, reports_dir: Path | None = None
     `jobs`: notebooks side by side (1: one kernel, started before the target is resolved so that the stack's
     imports overlap reading the target's files). `kept_kernel`: a kernel kept across diagnoses (`start_kernel`; a
     sweep's members in series), reset for this one (`Kernel.begin_diagnosis`) and left running for the next."""
-    from workbench.report.runner import NOTEBOOK_DIR, diagnose, find_notebooks, start_kernel
+    from workbench.report.runner import NOTEBOOK_DIR, diagnose, find_notebooks, prepare_execution, start_kernel
 
     jobs = 1 if args.distributed else jobs
     # a CKPT that is no folder (a hub id, a typo) is resolved first, so that a typo gets its error without a kernel
@@ -53,6 +53,7 @@ def diagnose_as_asked(args, *, jobs: int | None, reports_dir: Path | None = None
             _prefetch_weights(target, only)
         if jobs == 1 and not target.model_unavailable:
             kernel = kernel or start_kernel(only=only)
+            prepare_execution(find_notebooks(NOTEBOOK_DIR, only=only))  # while the kernel imports the stack
             if not kernel.check_target(target):
                 from workbench.model.target import check_with_the_stack
 
