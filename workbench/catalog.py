@@ -405,7 +405,8 @@ CHECKS: tuple[Check, ...] = (
        "train batch and steps per epoch; does a forward survive a replica thread?",
        "what the **installed** `transformers.Trainer` does with the model when the process sees N GPUs: "
        "`is_model_parallel`, effective `n_gpu`, whether `_wrap_model` returns `nn.DataParallel`, train batch and "
-       "steps per epoch (136 → 68 on 2 GPUs); a forward in a replica thread started under autocast; the verdict of "
+       "steps per epoch (136 → 68 on 2 GPUs); a forward in a replica thread started under autocast (where it crashes, "
+       "the main thread's under autocast beside it, the contrast); the verdict of "
        "every other release line; the fixes with their trade-offs. Without `--gpus`, one GPU is judged and what 2 GPUs in "
        "one process would do is observed too: a crash there is a `warn` naming that launch",
        **{"pass": "no wrap, batch as configured",

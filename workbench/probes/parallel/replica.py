@@ -24,7 +24,7 @@ from workbench.model.tracer import DtypeTracer
 @dataclasses.dataclass
 class ForwardOutcome:
     scenario: str
-    ok: bool
+    ok: bool | None  # None: not run here (`same_as` says which forward answers for it)
     autocast_active: bool  # was autocast enabled where the forward ran?
     output_dtype: str | None = None
     error: str | None = None
@@ -54,21 +54,29 @@ def _forward(model: nn.Module, inputs: dict, scenario: str, device_type: str) ->
 RanWithoutAutocast = Callable[[Any, DtypeTracer], None]
 
 
+# the main thread's forward under autocast where the replica's ran: what answers for it instead
+MAIN_THREAD_NOT_RUN = ("notebook 04's forward matrix, its train / autocast cell (grad.flow's training step where "
+                       "anything is trainable): the same forward; run here only as the contrast to a replica forward "
+                       "that fails")
+
+
 def replica_forward_check(model: nn.Module, inputs: dict, compute_dtype: torch.dtype,
                           ran_without_autocast: RanWithoutAutocast | None = None) -> list[ForwardOutcome]:
     """Three forwards in training mode: main thread under autocast (a single-GPU Trainer), a worker thread started
     under autocast (a DataParallel replica), the main thread with no autocast (a wrapped model in Trainer >= 4.30).
-    The third is the replica's forward, not run again, where torch says a thread started under autocast runs
-    without it (`autocast_reaches_a_new_thread`, torch 2.13: always) and the replica ran without it: the same model,
-    mode, inputs and grad mode, with autocast off. The replica runs under the dtype tracer, which hooks modules in
-    any thread; where it ran and without autocast, `ran_without_autocast` gets its output and trace."""
+    The first is run only where the replica's forward fails, as the contrast that shows autocast is what the replica
+    lacks; where the replica's runs, no verdict reads it, and notebook 04's forward matrix runs that forward anyway
+    (its train / autocast cell): its row says so (`MAIN_THREAD_NOT_RUN`). The third is the replica's forward, not
+    run again, where torch says a thread started under autocast runs without it (`autocast_reaches_a_new_thread`,
+    torch 2.13: always) and the replica ran without it: the same model, mode, inputs and grad mode, with autocast
+    off. The replica runs under the dtype tracer, which hooks modules in any thread; where it ran and without
+    autocast, `ran_without_autocast` gets its output and trace."""
     device_type = first_device(model).type
     was_training = model.training
     model.train()
     outcomes: list[ForwardOutcome] = []
     try:
         with autocast(device_type, compute_dtype):
-            outcomes.append(_forward(model, inputs, "main thread, autocast", device_type)[0])
             holder: list[tuple[ForwardOutcome, Any]] = []
             with DtypeTracer(model) as tracer:
                 worker = threading.Thread(name="replica-0", target=lambda: holder.append(
@@ -76,6 +84,9 @@ def replica_forward_check(model: nn.Module, inputs: dict, compute_dtype: torch.d
                 worker.start()
                 worker.join()
             replica, replica_out = holder[0]
+            outcomes.append(_forward(model, inputs, "main thread, autocast", device_type)[0] if not replica.ok else
+                            ForwardOutcome("main thread, autocast", None, torch.is_autocast_enabled(device_type),
+                                           same_as=MAIN_THREAD_NOT_RUN))
             outcomes.append(replica)
         if replica.ok and not replica.autocast_active and ran_without_autocast is not None:
             ran_without_autocast(replica_out, tracer)
