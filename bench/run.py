@@ -286,7 +286,7 @@ def kernel_and_export(report_folder: Path, repeats: int) -> tuple[list[float], l
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook
 
-    from workbench.report.runner import export_html
+    from workbench.report.html_export import export_html
 
     starts, exports = [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,9 +26,10 @@ from typing import Any, Callable
 from workbench.errors import UsageError
 from workbench.findings import FAILING_VERDICTS, Finding, sort_findings
 from workbench.model.target import Target
-from workbench.paths import NOTEBOOK_DIR, REPORT_TEMPLATE_DIR
+from workbench.paths import NOTEBOOK_DIR
 from workbench.report.contract import NotebookRun
 from workbench.report.diagnosis import Diagnosis
+from workbench.report.html_export import export_html
 from workbench.report.kernels import KERNEL_NAME, Kernel
 
 
@@ -102,36 +103,6 @@ def new_report_folder(reports_dir: Path, name: str, now: dt.datetime) -> tuple[P
     temp = day / f".{stem}.{uuid.uuid4().hex[:8]}.partial"
     temp.mkdir()
     return temp, final
-
-
-_exporters = threading.local()
-
-
-def export_html(executed: Path, html_path: Path) -> None:
-    """Self-contained HTML with the workbench_report template (JupyterLab's markup, a compact stylesheet): code
-    present but hidden until 'show code' is clicked, images inline, nothing fetched from the internet."""
-    import nbformat
-
-    body, _ = _html_exporter().from_notebook_node(nbformat.read(executed, as_version=4))
-    html_path.write_text(body)
-
-
-def _html_exporter():
-    """One exporter per thread, kept: each HTMLExporter compiles the template's 99 Jinja files into an environment of
-    its own (1.2 of the 2.5 s of CPU nine notebooks took with an exporter each); a notebook's export reads nothing an
-    earlier one left in it. Per thread: the notebooks of a side-by-side diagnosis are exported in their threads."""
-    exporter = getattr(_exporters, "html", None)
-    if exporter is None:
-        exporter = _exporters.html = new_html_exporter()
-    return exporter
-
-
-def new_html_exporter():
-    """The report's nbconvert exporter: the workbench_report template, no prompts, images embedded."""
-    from nbconvert import HTMLExporter
-
-    return HTMLExporter(template_name="workbench_report", extra_template_basedirs=[str(REPORT_TEMPLATE_DIR)],
-                        exclude_input_prompt=True, exclude_output_prompt=True, embed_images=True)
 
 
 def prepare_execution(notebooks: list[Path]) -> None:

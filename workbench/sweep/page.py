@@ -19,8 +19,9 @@ def pythonpath_with_checkout() -> str:
 
 def write_comparison(sweep_dir: Path, *, history: bool, cell_timeout: int) -> str | None:
     """index.html of the sweep from the comparison notebook; the notebook's error, or None when it ran clean."""
+    from workbench.report.html_export import export_html
     from workbench.report.kernels import Kernel
-    from workbench.report.runner import ensure_kernel, export_html, run_notebook
+    from workbench.report.runner import ensure_kernel, run_notebook
 
     ensure_kernel()
     notebook = NOTEBOOK_DIR / f"{SWEEP_NOTEBOOK}.ipynb"
