@@ -248,8 +248,10 @@ async def ready(client, timeout: float) -> None:
     """jupyter_client's `wait_for_ready` for an async client, without the 0.2 s of silence it waits for at its end: a
     kernel_info request is answered on the shell channel, then its `idle` status comes on IOPub. That status is the
     last message the kernel publishes for the request, so IOPub is connected (a subscription made too late for it
-    is retried with a new request, as jupyter_client retries) and whatever was published before it has been read.
-    The reply is handled as jupyter_client handles it (the protocol version the session adapts to)."""
+    is retried with a new request, as jupyter_client retries) and every message of the request has been read;
+    another client's request (the quiet import `manager()` queues) may be answered on either side of it, and
+    nbclient reads only its own request's messages. The reply is handled as jupyter_client handles it (the protocol
+    version the session adapts to)."""
     import time
 
     deadline = time.monotonic() + timeout
