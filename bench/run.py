@@ -170,8 +170,6 @@ result = {'plain': statistics.median(plain), 'traced': statistics.median(traced)
 def process_seconds(argv: list[str], repeats: int, env: dict | None = None,
                     before_each=None) -> list[dict]:
     """Wall-clock seconds of whole processes (start-up and imports included: what a user waits for)."""
-    import os
-
     out = []
     for _ in range(repeats):
         if before_each:
@@ -427,7 +425,6 @@ def _available() -> int:
 def watched(cmd: list[str], log: Path) -> dict:
     """Run cmd in its own process group, its output to `log`; stop the whole group when the host's available memory
     falls under LOW_MEMORY (the kernel's OOM killer would pick its victim among every process here)."""
-    import os
     import signal
 
     start, lowest, stopped = time.perf_counter(), _available(), False

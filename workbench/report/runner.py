@@ -107,9 +107,11 @@ def new_report_folder(reports_dir: Path, name: str, now: dt.datetime) -> tuple[P
 
 def prepare_execution(notebooks: list[Path]) -> None:
     """What the first notebook's execution would do before its first cell, done now: papermill and the workbench's
-    engine imported, nbformat's schema validator for these notebooks compiled (papermill validates each notebook it
-    reads and writes). The CLI calls it while the fresh kernel is still importing the stack, on the core that kernel
-    leaves idle: done after the kernel is ready, these 0.5-0.6 s were idle time of the kernel before notebook 00."""
+    engine imported, nbformat's schema validator compiled (papermill validates each notebook it reads and writes;
+    nbformat keeps one validator per format version, and one notebook read compiles it for all of them: the
+    committed notebooks share theirs, 4.5). The CLI calls it while the fresh kernel is still importing the stack, on
+    the core that kernel leaves idle: done after the kernel is ready, these 0.5-0.6 s were idle time of the kernel
+    before notebook 00."""
     import nbformat
     import papermill  # noqa: F401
 
