@@ -18,8 +18,8 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from workbench.display.findings_view import figure
-from workbench.display.nodes import Details, Display, Heading, Paragraph, Table
+from workbench.display.bars import stacked_bars_svg
+from workbench.display.nodes import Details, Display, Figure, Heading, Paragraph, Table
 from workbench.display.result import ProbeResult
 from workbench.findings import Finding
 from workbench.model.components import ComponentClassifier
@@ -77,6 +77,14 @@ class DtypeCensus(ProbeResult):
             out[component][dtype] = n
         return dict(out)
 
+    def tensors_by_component(self) -> dict[str, dict[str, int]]:
+        """component -> {dtype: tensors}, parameters and buffers together (what `plot` and the report's chart
+        draw)."""
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        for (component, dtype), n in sorted(self.counts().items()):
+            out[component][dtype] = n
+        return dict(out)
+
     def summary(self, kind: str = "parameter") -> str:
         """One line per component: 'vision: bfloat16 261 + uint8 130; language: ...'."""
         return "; ".join(
@@ -85,7 +93,9 @@ class DtypeCensus(ProbeResult):
         )
 
     def plot(self, ax=None, value: str = "tensors"):
-        """Stacked bars: one bar per component, one colour per dtype (parameters and buffers together)."""
+        """Stacked bars as a matplotlib figure, for interactive use (`ax`: draw into your own): one bar per component,
+        one colour per dtype (parameters and buffers together). The report draws the same bars as SVG
+        (`tensors_by_component`), without importing matplotlib."""
         import matplotlib.pyplot as plt
 
         frame = self.to_frame()
@@ -103,7 +113,9 @@ class DtypeCensus(ProbeResult):
     def details(self):
         return Display(Heading(self.label), Paragraph(self.summary()),
                        Paragraph(self.tied_note()) if self.tied else None,
-                       figure(self.plot, f"{self.label}: tensors per component by dtype"),
+                       Figure(stacked_bars_svg(self.tensors_by_component(), "tensors",
+                                               f"{self.label}: tensors per component by dtype"),
+                              f"{self.label}: tensors per component by dtype"),
                        Details("table", Table.from_frame(self.to_frame())))
 
 

@@ -1,0 +1,54 @@
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+from torch import nn
+
+from workbench.display.bars import PALETTE, nice_step, stacked_bars_svg
+from workbench.probes.dtype.census import dtype_census
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def bars_of(svg: str) -> dict[str, list[tuple[float, str]]]:
+    """row label -> [(width, colour)] of its bars, read back from the SVG (each bar's tooltip names its row)."""
+    out: dict[str, list[tuple[float, str]]] = {}
+    for rect in ET.fromstring(svg).iter(f"{SVG}rect"):
+        title = rect.find(f"{SVG}title")
+        if title is not None:
+            out.setdefault(title.text.split(" · ")[0], []).append((float(rect.get("width")), rect.get("fill")))
+    return out
+
+
+def test_bars_are_stacked_in_proportion_with_one_colour_per_series():
+    svg = stacked_bars_svg({"decoder": {"bfloat16": 300}, "head": {"bfloat16": 50, "float32": 100}}, "tensors",
+                           title="loaded: tensors per component by dtype")
+    bars = bars_of(svg)
+    assert sum(w for w, _ in bars["head"]) == pytest.approx(bars["decoder"][0][0] / 2, abs=0.15)
+    assert bars["head"][1][0] == pytest.approx(2 * bars["head"][0][0], abs=0.15)
+    assert bars["decoder"][0][1] == bars["head"][0][1] == PALETTE[0] and bars["head"][1][1] == PALETTE[1]
+    texts = [t.text for t in ET.fromstring(svg).iter(f"{SVG}text")]
+    assert {"decoder", "head", "bfloat16", "float32", "tensors", "loaded: tensors per component by dtype"} <= set(texts)
+    assert "300" in texts  # the axis reaches the longest bar
+
+
+def test_names_are_escaped():
+    svg = stacked_bars_svg({"<script>": {"a&b": 1}}, "x<y")
+    ET.fromstring(svg)  # still well-formed
+    assert "<script>" not in svg and "&lt;script&gt;" in svg
+
+
+@pytest.mark.parametrize("largest, step", [(300, 100), (7, 2), (1, 0.2), (0, 1), (45_000, 10_000)])
+def test_ticks_are_round(largest, step):
+    assert nice_step(largest) == pytest.approx(step)
+
+
+def test_the_census_chart_needs_no_matplotlib(monkeypatch):
+    model = nn.Sequential(nn.Linear(4, 4).to(torch.bfloat16), nn.LayerNorm(4))
+    census = dtype_census(model)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # any import of it raises ImportError
+    html = census.details().html()
+    bars = bars_of(html[html.index("<svg"):html.index("</svg>") + 6])
+    drawn = {row: len(widths) for row, widths in bars.items()}
+    assert drawn == {row: len(dtypes) for row, dtypes in census.tensors_by_component().items()}
