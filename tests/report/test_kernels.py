@@ -35,3 +35,6 @@ def test_the_notebook_client_is_ready_with_its_own_request_read_to_the_end():
         texts, others = run_sync(_outputs_of)(client, msg_id)
         assert texts == ["the first output\n"]
         assert "kernel_info_request" not in others, others
+        # started with KERNEL_ARGUMENTS: no input history, whose sqlite commits each cell would wait on
+        msg_id = client.execute("print(get_ipython().history_manager.enabled)")
+        assert run_sync(_outputs_of)(client, msg_id)[0] == ["False\n"]

@@ -16,6 +16,10 @@ from typing import IO
 from workbench.report.kernel_imports import WARM_UP
 
 KERNEL_NAME = "workbench"
+# every kernel a diagnosis starts: start-up chatter kept out of the console log, and no IPython input history. A
+# notebook run needs none, and its sqlite file costs each cell: the cell's input waits on a lock the history's
+# saving thread holds while it commits to disk (0.1 s of a diagnosis' ~80 cells on this project's machine)
+KERNEL_ARGUMENTS = ("--IPKernelApp.log_level=ERROR", "--HistoryManager.enabled=False")
 
 
 class Kernel:
@@ -57,7 +61,7 @@ class Kernel:
         # kernel while waiting (a blocking client's waits do neither)
         km = AsyncKernelManager(kernel_name=self.name, **served_kernel_specs(self.warm_up))
         run_sync(km.start_kernel)(stdout=self._console, stderr=self._console, env={**os.environ, **self.env},
-                                  extra_arguments=["--IPKernelApp.log_level=ERROR"])
+                                  extra_arguments=list(KERNEL_ARGUMENTS))
         self.km = km
         self.started += 1
         if self.warm_up:

@@ -30,7 +30,7 @@ from workbench.paths import NOTEBOOK_DIR
 from workbench.report.contract import NotebookRun
 from workbench.report.diagnosis import Diagnosis
 from workbench.report.html_export import export_html
-from workbench.report.kernels import KERNEL_NAME, Kernel
+from workbench.report.kernels import KERNEL_ARGUMENTS, KERNEL_NAME, Kernel
 
 
 def find_notebooks(folder: Path = NOTEBOOK_DIR, only: list[str] | None = None) -> list[Path]:
@@ -144,7 +144,7 @@ def run_notebook(notebook: Path, folder: Path, parameters: dict[str, Any], kerne
                             kernel_name=kernel if own else kernel.name, km=None if own else kernel.manager(),
                             kc=None if own else kernel.client(),
                             progress_bar=False, log_output=False, report_mode=False,
-                            extra_arguments=["--IPKernelApp.log_level=ERROR"], execution_timeout=cell_timeout)
+                            extra_arguments=list(KERNEL_ARGUMENTS), execution_timeout=cell_timeout)
     except Exception as exc:  # noqa: BLE001 - PapermillExecutionError and kernel deaths alike: failure as artifact
         error = f"{type(exc).__name__}: {getattr(exc, 'evalue', None) or str(exc).strip().splitlines()[-1:]}"
     run = NotebookRun(notebook.stem, "error" if error else "ok", None, round(time.monotonic() - start, 2), error)
