@@ -265,3 +265,20 @@ def test_the_accepting_forwards_reading_across_families(family, name, tmp_path):
         assert shared.keys() == exact.keys()
         assert all(abs(shared[v][m] - exact[v][m]) < 0.2 for v in exact for m in exact[v] if m in shared[v])
         assert abs(result.reading.amp_min - own.amp_min) < 0.05 and abs(result.reading.half_min - own.half_min) < 0.05
+
+
+def test_the_report_draws_one_point_per_block_without_matplotlib(target, tmp_path, monkeypatch):
+    import sys
+    import xml.etree.ElementTree as ET
+
+    model = tiny_llama()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1e9)
+    result = fp16_probe(PreparedModel(model, None, "test", "planted"), target, configuration(tmp_path, True))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # any import of it raises ImportError
+    html = result.details().html()
+    svg = ET.fromstring(html[html.index("<svg"):html.index("</svg>") + 6])
+    points = [c.find("{http://www.w3.org/2000/svg}title").text for c in svg.iter("{http://www.w3.org/2000/svg}circle")]
+    # the overflow's -inf-like headroom drawn at -1, the floor of the axis
+    assert points == [f"{r['layer']}: {max(r['headroom_bits'], -1):,g}" for r in result.reading.residual]
+    assert any(p.endswith(": -1") for p in points), points

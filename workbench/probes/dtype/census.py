@@ -18,9 +18,9 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from workbench.display.bars import stacked_bars_svg
 from workbench.display.nodes import Details, Display, Figure, Heading, Paragraph, Table
 from workbench.display.result import ProbeResult
+from workbench.display.svg_charts import stacked_bars_svg
 from workbench.findings import Finding
 from workbench.model.components import ComponentClassifier
 from workbench.model.dtypes import dtype_name

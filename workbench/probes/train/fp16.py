@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from workbench.display.findings_view import figure
-from workbench.display.nodes import Display, Paragraph, Table
+from workbench.display.nodes import Display, Figure, Paragraph, Table
 from workbench.display.result import ProbeResult
+from workbench.display.svg_charts import line_svg
 from workbench.findings import Finding, combine_findings
 from workbench.model.batch import accepted_batch, target_inputs
 from workbench.model.components import unwrap_model
@@ -153,6 +153,8 @@ class Fp16Result(ProbeResult):
                        f"{self.fp16_cited}: {summary}", evidence)
 
     def plot(self):
+        """The residual stream's fp16 headroom per decoder block, as a matplotlib figure for interactive use (the
+        report draws the same as SVG: `chart`)."""
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
@@ -170,12 +172,20 @@ class Fp16Result(ProbeResult):
         fig.tight_layout()
         return fig
 
+    def chart(self) -> str:
+        """What `plot` draws, as inline SVG (no matplotlib import): a headroom below -1 bit is drawn at -1."""
+        rows = self.reading.residual if self.reading else []
+        return line_svg([(r["layer"], max(r["headroom_bits"], -1)) for r in rows],
+                        f"decoder block ({self.reading.block_class if self.reading else '-'})", "log2(65504 / max|x|)",
+                        "fp16 headroom of the residual stream per block",
+                        [(WARN_BITS, f"{WARN_BITS:g} bits", "#ef6c00", True), (0, "overflow", "#c62828", False)])
+
     def details(self):
         if self.reading is None:
             return None
         residual = self.reading.residual
         return Display(
-            figure(self.plot, "fp16 headroom per decoder block: " + ", ".join(
+            Figure(self.chart(), "fp16 headroom per decoder block: " + ", ".join(
                 f"{r['layer']}: {r['headroom_bits']}" for r in residual[:24])) if residual else None,
             Paragraph("Lowest headroom, AMP view (fp16 products under autocast):"),
             Table.from_records(self.reading.amp[:10]) if self.reading.amp else None,

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.display.bars import PALETTE, nice_step, stacked_bars_svg
+from workbench.display.svg_charts import PALETTE, nice_step, stacked_bars_svg
 from workbench.probes.dtype.census import dtype_census
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -52,3 +52,21 @@ def test_the_census_chart_needs_no_matplotlib(monkeypatch):
     bars = bars_of(html[html.index("<svg"):html.index("</svg>") + 6])
     drawn = {row: len(widths) for row, widths in bars.items()}
     assert drawn == {row: len(dtypes) for row, dtypes in census.tensors_by_component().items()}
+
+
+def test_a_line_puts_higher_values_higher_and_spans_its_marks():
+    from workbench.display.svg_charts import line_svg
+
+    svg = ET.fromstring(line_svg([(0, 9.0), (1, 3.0), (2, 6.0)], "block", "bits", "headroom",
+                                 [(4, "4 bits", "#ef6c00", True), (-1, "floor", "#c62828", False)]))
+    dots = {c.find(f"{SVG}title").text: float(c.get("cy")) for c in svg.iter(f"{SVG}circle")}
+    assert dots["0: 9"] < dots["2: 6"] < dots["1: 3"]  # SVG's y grows downwards
+    frame = next(svg.iter(f"{SVG}rect"))
+    marks = [float(line.get("y1")) for line in svg.iter(f"{SVG}line")  # across the plot, not the legend's swatches
+             if line.get("stroke") in ("#ef6c00", "#c62828") and line.get("x2") != line.get("x1")
+             and float(line.get("x2")) - float(line.get("x1")) == float(frame.get("width"))]
+    assert len(marks) == 2
+    top, bottom = float(frame.get("y")), float(frame.get("y")) + float(frame.get("height"))
+    assert all(top <= y <= bottom for y in marks + list(dots.values()))
+    texts = {t.text for t in svg.iter(f"{SVG}text")}
+    assert {"block", "bits", "headroom", "4 bits", "floor", "0", "1", "2"} <= texts
