@@ -1,5 +1,6 @@
 """A fresh kernel's warm-up: the training stack its notebooks import (peft, bitsandbytes, the Trainer) is imported
-before the freeze where the diagnosis runs a notebook that imports it, and only there."""
+before the freeze where the diagnosis runs a notebook that imports it, and only there; the cyclic collector is off
+while the stack imports, and on after it."""
 
 import json
 import os
@@ -21,7 +22,10 @@ heavy = ("peft", "bitsandbytes", "transformers.trainer")
 def imported():
     return {name: name in sys.modules for name in heavy}
 
+collections = []
+gc.callbacks.append(lambda phase, info: collections.append(info["generation"]) if phase == "start" else None)
 exec(compile(WARM_UP, "<kernel warm-up>", "exec"), {})
+collected_while_importing = len(collections)
 without = {os.environ[NOTEBOOKS_ENV]: imported()}
 import_the_training_stack_if_planned("04_forward_checks")
 without["04_forward_checks"] = imported()
@@ -29,7 +33,14 @@ os.environ[NOTEBOOKS_ENV] = "00_saved_files,01_dtype_distribution"
 exec(compile(WARM_UP, "<kernel warm-up>", "exec"), {})
 tracked = {id(o) for o in gc.get_objects()}  # the permanent generation (frozen) is not listed
 frozen = {name: id(vars(sys.modules[name])) not in tracked for name in heavy if name in sys.modules}
-print(json.dumps({"without": without, "planned": imported(), "frozen": frozen}))
+enabled = gc.isenabled()
+sys.modules["pandas"] = None  # an import of the warm-up that fails
+try:
+    exec(compile(WARM_UP, "<kernel warm-up>", "exec"), {})
+except ImportError:
+    pass
+print(json.dumps({"without": without, "planned": imported(), "frozen": frozen, "enabled": enabled,
+                  "collected_while_importing": collected_while_importing, "enabled_after_a_failure": gc.isenabled()}))
 """.replace("NOTEBOOKS_ENV", repr(NOTEBOOKS_ENV))
 
 
@@ -44,3 +55,6 @@ def test_the_training_stack_is_imported_and_frozen_only_where_a_notebook_imports
         assert not any(imported.values()), (plan, imported)
     assert all(warm["planned"].values()), warm
     assert set(warm["frozen"]) == set(warm["planned"]) and all(warm["frozen"].values()), warm  # out of every scan
+    # no collection scanned the objects the imports were making (the collector was off), and it is on after them,
+    # even when an import failed
+    assert warm["collected_while_importing"] == 0 and warm["enabled"] and warm["enabled_after_a_failure"], warm

@@ -155,10 +155,13 @@ class KernelServer:
         self.base_env = dict(os.environ)
         exec(compile(WARM_UP, "<kernel warm-up>", "exec"), {})  # noqa: S102 - the module's own constant
         # whatever the kernels it serves will run: peft and bitsandbytes (2.7 s), and transformers.trainer, what a
-        # torchrun rank imports first
-        import_the_training_stack()
-
-        gc.freeze()  # what the imports made stays shared with the kernels, untouched by their collections
+        # torchrun rank imports first; the collector off meanwhile, as in WARM_UP
+        gc.disable()
+        try:
+            import_the_training_stack()
+        finally:
+            gc.enable()
+            gc.freeze()  # what the imports made stays shared with the kernels, untouched by their collections
 
     def serve(self) -> None:
         # the stop signals handled before the socket exists: a server stopped once it is seen serving removes it
