@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import shutil
 import subprocess
@@ -9,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.verdict_coverage import pytest_configure as configure_verdict_log
-from tests.verdict_coverage import (  # noqa: F401 - pytest hooks
+# The cyclic collector is off while this process imports what collection imports (torch, transformers, every test
+# module): each collection it would start scans every object imported so far (~1 s of a worker's collection on this
+# project's machine). `pytest_collection_finish` turns it back on and freezes what lives; xdist's controller, which
+# collects nothing, turns it on in `pytest_configure`.
+gc.disable()
+
+from tests.verdict_coverage import pytest_configure as configure_verdict_log  # noqa: E402
+from tests.verdict_coverage import (  # noqa: E402, F401 - pytest hooks
     pytest_configure_node,
     pytest_sessionfinish,
     pytest_terminal_summary,
@@ -258,8 +265,7 @@ def pytest_runtest_logfinish(nodeid, location):
 
 
 def _freeze_what_lives() -> None:
-    import gc
-
+    gc.enable()  # off while collection imported (module top)
     gc.collect()
     gc.freeze()
     _modules_when_frozen[0] = len(sys.modules)
@@ -270,6 +276,8 @@ def pytest_configure(config):
     fast tier, its kernel server (tests/served_kernels.py), started now so that its imports overlap collection."""
     configure_verdict_log(config)
     runs_tests = getattr(config, "workerinput", None) is not None or not getattr(config.option, "numprocesses", None)
+    if not runs_tests:
+        gc.enable()
     if runs_tests and "not slow" not in (config.getoption("markexpr") or ""):
         served_hub.start()  # first: the server imports the stack under the Hub's variables
         served_kernels.start()
