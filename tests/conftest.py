@@ -265,9 +265,9 @@ def pytest_runtest_logfinish(nodeid, location):
 
 
 def _freeze_what_lives() -> None:
-    gc.enable()  # off while collection imported (module top)
     gc.collect()
     gc.freeze()
+    gc.enable()  # off while collection imported (module top); on after the freeze, which leaves nothing to scan
     _modules_when_frozen[0] = len(sys.modules)
 
 

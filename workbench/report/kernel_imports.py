@@ -9,13 +9,14 @@ import os
 # each collection it would start scans every object the imports made so far, ~0.9 s of ~5 s on this project's machine
 # (the cycles the imports leave, ~8 MB, stay: a collection to free them costs 0.5 s). gc.freeze() then moves what the
 # imports created (it lives as long as the kernel) out of the collector's reach: each gc.collect() the probes run when
-# they free a model scans the objects made since, 0.08 s instead of 0.26 s on a tiny checkpoint. `finally`: an import
-# that fails (it fails again, visibly, in the first notebook) leaves the collector on
+# they free a model scans the objects made since, 0.08 s instead of 0.26 s on a tiny checkpoint. Frozen before the
+# collector is on again: on first, the next allocation would start a collection of every object made while it was
+# off. `finally`: an import that fails (it fails again, visibly, in the first notebook) leaves the collector on
 WARM_UP = ("import gc\ngc.disable()\ntry:\n"
            "    import torch, transformers, pandas, workbench.notebook\n"
            "    from transformers import AutoConfig, PreTrainedModel\n"
            "    __import__('workbench.report.kernel_imports', fromlist=['_']).import_the_training_stack_if_planned()\n"
-           "finally:\n    gc.enable()\n    gc.freeze()")
+           "finally:\n    gc.freeze()\n    gc.enable()")
 
 
 # the notebooks that import the training stack as they run, measured on a plain checkpoint (`python -c` running one

@@ -160,8 +160,8 @@ class KernelServer:
         try:
             import_the_training_stack()
         finally:
-            gc.enable()
             gc.freeze()  # what the imports made stays shared with the kernels, untouched by their collections
+            gc.enable()  # after: on first, its next allocation would collect every object made while it was off
 
     def serve(self) -> None:
         # the stop signals handled before the socket exists: a server stopped once it is seen serving removes it
