@@ -24,7 +24,12 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0",
            # processes run at nice 0 beside it and starved the members' diagnoses (the sweep took 100-180 s instead
            # of 25 s under 3 busy processes). Ray's own job manager sets 0 the same way (ray 2.60
            # dashboard/modules/job/job_manager.py)
-           "RAY_worker_niceness": "0"}
+           "RAY_worker_niceness": "0",
+           # no Python worker started before a task asks for one: the raylet prestarts one per CPU for the first
+           # driver (ray_head.py's own, which runs no task) and the sweep's job starts its own anyway, with the
+           # job's runtime_env (ray 2.60 ray_config_def.h: enable_worker_prestart, prestart_worker_first_driver).
+           # Those two idle workers were 2.8 s of CPU of the cluster's start (12.5 s) on this project's machine
+           "RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
 START_TRIES = 3  # on a loaded 2-core machine Ray's raylet sometimes misses its own 30 s start-up deadline
 CRASH_ONCE = Path(__file__).with_name("crash_once")
 CRASHED_MEMBER = "healthy"  # the first of three_runs
