@@ -22,8 +22,9 @@ heavy = ("peft", "bitsandbytes", "transformers.trainer")
 def imported():
     return {name: name in sys.modules for name in heavy}
 
-collections = []
-gc.callbacks.append(lambda phase, info: collections.append(info["generation"]) if phase == "start" else None)
+collections = []  # started before the warm-up's freeze (nothing is frozen in a fresh process until then)
+gc.callbacks.append(lambda phase, info: collections.append(info["generation"])
+                    if phase == "start" and not gc.get_freeze_count() else None)
 exec(compile(WARM_UP, "<kernel warm-up>", "exec"), {})
 collected_while_importing = len(collections)
 without = {os.environ[NOTEBOOKS_ENV]: imported()}
