@@ -22,9 +22,10 @@ heavy = ("peft", "bitsandbytes", "transformers.trainer")
 def imported():
     return {name: name in sys.modules for name in heavy}
 
-collections = []  # started before the warm-up's freeze (nothing is frozen in a fresh process until then)
+collections = []  # started once torch's import began and before the warm-up's freeze (none is frozen until then)
 gc.callbacks.append(lambda phase, info: collections.append(info["generation"])
-                    if phase == "start" and not gc.get_freeze_count() else None)
+                    if phase == "start" and "torch" in sys.modules and not gc.get_freeze_count() else None)
+assert "torch" not in sys.modules
 exec(compile(WARM_UP, "<kernel warm-up>", "exec"), {})
 collected_while_importing = len(collections)
 without = {os.environ[NOTEBOOKS_ENV]: imported()}
