@@ -70,3 +70,19 @@ def test_a_line_puts_higher_values_higher_and_spans_its_marks():
     assert all(top <= y <= bottom for y in marks + list(dots.values()))
     texts = {t.text for t in svg.iter(f"{SVG}text")}
     assert {"block", "bits", "headroom", "4 bits", "floor", "0", "1", "2"} <= texts
+
+
+def test_values_that_are_not_finite_are_left_out_as_matplotlib_leaves_them():
+    """An all-zero residual's fp16 headroom is inf (a checkpoint whose weights are all 0); a NaN activation's, -inf
+    and NaN where it is read so: the points that are finite are drawn, the others left out, and a chart of none of
+    them still draws its marks."""
+    import math
+
+    from workbench.display.svg_charts import line_svg
+
+    svg = ET.fromstring(line_svg([(0, math.inf), (1, 5.0), (2, math.nan), (3, -math.inf), (4, 7.0)], "block", "bits",
+                                 marks=[(4, "4 bits", "#ef6c00", True)]))
+    assert [c.find(f"{SVG}title").text for c in svg.iter(f"{SVG}circle")] == ["1: 5", "4: 7"]
+    assert "nan" not in ET.tostring(svg, encoding="unicode") and "inf" not in ET.tostring(svg, encoding="unicode")
+    empty = ET.fromstring(line_svg([(0, math.inf), (1, math.inf)], "block", "bits", marks=[(0, "overflow", "red", False)]))
+    assert not list(empty.iter(f"{SVG}circle")) and "overflow" in {t.text for t in empty.iter(f"{SVG}text")}

@@ -10,6 +10,7 @@ be the costliest step of a notebook that needs one chart; they stay sharp at any
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from workbench.display.nodes import esc
 
@@ -65,10 +66,12 @@ def stacked_bars_svg(rows: dict[str, dict[str, float]], unit: str, title: str = 
     return "".join(parts) + "</svg>"
 
 
-def line_svg(points: list[tuple[int, float]], xlabel: str, ylabel: str, title: str = "",
-             marks: list[tuple[float, str, str, bool]] = ()) -> str:
-    """`points`: (integer step, value), drawn as a line with a dot per point. `marks`: horizontal reference lines
-    (value, label, colour, dashed), named in the legend; the value axis spans them and every point."""
+def line_svg(points: Sequence[tuple[int, float]], xlabel: str, ylabel: str, title: str = "",
+             marks: Sequence[tuple[float, str, str, bool]] = ()) -> str:
+    """`points`: (integer step, value), drawn as a line with a dot per point; a value that is not finite (the fp16
+    headroom of an all-zero residual is inf) is left out, as matplotlib leaves it out. `marks`: horizontal reference
+    lines (value, label, colour, dashed), named in the legend; the value axis spans them and every point drawn."""
+    points = [(x, v) for x, v in points if math.isfinite(v)]
     values = [v for _, v in points] + [m[0] for m in marks]
     low, high = min(values, default=0.0), max(values, default=1.0)
     step = nice_step(high - low or 1.0)

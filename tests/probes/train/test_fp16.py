@@ -282,3 +282,16 @@ def test_the_report_draws_one_point_per_block_without_matplotlib(target, tmp_pat
     # the overflow's -inf-like headroom drawn at -1, the floor of the axis
     assert points == [f"{r['layer']}: {max(r['headroom_bits'], -1):,g}" for r in result.reading.residual]
     assert any(p.endswith(": -1") for p in points), points
+
+
+def test_an_all_zero_model_draws_its_chart_without_the_points_that_are_not_finite(target, tmp_path):
+    """Every weight 0 (the bench's sparse 7B-shaped checkpoint reads so): every residual's headroom is inf, which the
+    chart leaves out instead of failing the page."""
+    model = tiny_llama()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    result = fp16_probe(PreparedModel(model, None, "test", "zeros"), target, configuration(tmp_path, False))
+    assert result.reading.residual and all(r["headroom_bits"] == float("inf") for r in result.reading.residual)
+    html = result.details().html()
+    assert "fp16 headroom of the residual stream per block" in html and "<circle" not in html
