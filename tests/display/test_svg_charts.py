@@ -51,7 +51,7 @@ def test_the_census_chart_needs_no_matplotlib(monkeypatch):
     html = census.details().html()
     bars = bars_of(html[html.index("<svg"):html.index("</svg>") + 6])
     drawn = {row: len(widths) for row, widths in bars.items()}
-    assert drawn == {row: len(dtypes) for row, dtypes in census.tensors_by_component().items()}
+    assert drawn == {row: len(dtypes) for row, dtypes in census.dtypes_by_component(None).items()}
 
 
 def test_a_line_puts_higher_values_higher_and_spans_its_marks():

@@ -71,17 +71,11 @@ class DtypeCensus(ProbeResult):
                 out[(r["component"], r["dtype"])] += r["tensors"]
         return dict(out)
 
-    def dtypes_by_component(self, kind: str = "parameter") -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = defaultdict(dict)
-        for (component, dtype), n in sorted(self.counts(kind).items()):
-            out[component][dtype] = n
-        return dict(out)
-
-    def tensors_by_component(self) -> dict[str, dict[str, int]]:
-        """component -> {dtype: tensors}, parameters and buffers together (what `plot` and the report's chart
+    def dtypes_by_component(self, kind: str | None = "parameter") -> dict[str, dict[str, int]]:
+        """component -> {dtype: tensors} over parameters, buffers, or both (None: what `plot` and the report's chart
         draw)."""
         out: dict[str, dict[str, int]] = defaultdict(dict)
-        for (component, dtype), n in sorted(self.counts().items()):
+        for (component, dtype), n in sorted(self.counts(kind).items()):
             out[component][dtype] = n
         return dict(out)
 
@@ -95,7 +89,7 @@ class DtypeCensus(ProbeResult):
     def plot(self, ax=None, value: str = "tensors"):
         """Stacked bars as a matplotlib figure, for interactive use (`ax`: draw into your own): one bar per component,
         one colour per dtype (parameters and buffers together). The report draws the same bars as SVG
-        (`tensors_by_component`), without importing matplotlib."""
+        (`dtypes_by_component(None)`), without importing matplotlib."""
         import matplotlib.pyplot as plt
 
         frame = self.to_frame()
@@ -113,7 +107,7 @@ class DtypeCensus(ProbeResult):
     def details(self):
         return Display(Heading(self.label), Paragraph(self.summary()),
                        Paragraph(self.tied_note()) if self.tied else None,
-                       Figure(stacked_bars_svg(self.tensors_by_component(), "tensors",
+                       Figure(stacked_bars_svg(self.dtypes_by_component(None), "tensors",
                                                f"{self.label}: tensors per component by dtype"),
                               f"{self.label}: tensors per component by dtype"),
                        Details("table", Table.from_frame(self.to_frame())))

@@ -152,19 +152,25 @@ class Fp16Result(ProbeResult):
         return Finding(CHECK, "pass", f"fp16 headroom {_bits(bits)}, no trainable fp16 parameter",
                        f"{self.fp16_cited}: {summary}", evidence)
 
+    def _points(self) -> tuple[list[tuple[int, float]], str]:
+        """(block, headroom bits) per decoder block, a headroom below -1 bit at -1; the x axis' label."""
+        rows = self.reading.residual if self.reading else []
+        block = self.reading.block_class if self.reading else "-"
+        return [(r["layer"], max(r["headroom_bits"], -1)) for r in rows], f"decoder block ({block})"
+
     def plot(self):
         """The residual stream's fp16 headroom per decoder block, as a matplotlib figure for interactive use (the
         report draws the same as SVG: `chart`)."""
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
+        points, xlabel = self._points()
         fig = Figure(figsize=(7, 2.6))
         ax = fig.subplots()
-        rows = self.reading.residual if self.reading else []
-        ax.plot([r["layer"] for r in rows], [max(r["headroom_bits"], -1) for r in rows], marker="o")
+        ax.plot([x for x, _ in points], [v for _, v in points], marker="o")
         ax.axhline(WARN_BITS, color="#ef6c00", linestyle="--", linewidth=1, label=f"{WARN_BITS:g} bits")
         ax.axhline(0, color="#c62828", linewidth=1, label="overflow")
-        ax.set_xlabel(f"decoder block ({self.reading.block_class if self.reading else '-'})")
+        ax.set_xlabel(xlabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("log2(65504 / max|x|)")
         ax.set_title("fp16 headroom of the residual stream per block", fontsize=10)
@@ -173,11 +179,9 @@ class Fp16Result(ProbeResult):
         return fig
 
     def chart(self) -> str:
-        """What `plot` draws, as inline SVG (no matplotlib import): a headroom below -1 bit is drawn at -1."""
-        rows = self.reading.residual if self.reading else []
-        return line_svg([(r["layer"], max(r["headroom_bits"], -1)) for r in rows],
-                        f"decoder block ({self.reading.block_class if self.reading else '-'})", "log2(65504 / max|x|)",
-                        "fp16 headroom of the residual stream per block",
+        """What `plot` draws, as inline SVG (no matplotlib import)."""
+        points, xlabel = self._points()
+        return line_svg(points, xlabel, "log2(65504 / max|x|)", "fp16 headroom of the residual stream per block",
                         [(WARN_BITS, f"{WARN_BITS:g} bits", "#ef6c00", True), (0, "overflow", "#c62828", False)])
 
     def details(self):
