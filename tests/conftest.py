@@ -196,7 +196,7 @@ ONE_WORKER_GROUPS = {
                       "tests/report/test_demo_report.py::",
                       "tests/report/test_hardening.py::test_checkpoint_folders_are_byte_identical_after_a_diagnosis")),
     # the sweep of three runs on the local engine and on a local Ray cluster (a minute each)
-    "sweep-of-three-runs": (("local_sweep", "ray_sweep", "ray_cluster"),
+    "sweep-of-three-runs": (("local_sweep", "ray_sweep"),
                             ("tests/sweep/test_engines.py::", "tests/sweep/test_sweep_page.py::")),
     # the kernel server's own tests, on the worker's server (a server of their module's own, with its 4-5 s of
     # imports, where the session runs without one)
