@@ -161,3 +161,40 @@ def test_a_worker_killed_mid_sweep_is_retried_and_its_member_reported(ray_sweep)
     assert "WorkerCrashedError" in lost["lost"], lost
     assert all(m["report"] for m in ray_sweep.document["members"])
     assert "attempt 2 of 3" in ray_sweep.result.stdout
+
+
+def test_the_page_runs_in_the_members_kernel_once_their_names_are_given_back(local_sweep, tmp_path):
+    """The sweep's page, run in the kernel its members ran in one after another (`write_comparison(kernel=...)`),
+    is the page a kernel of its own writes, and that kernel is the same process afterwards, a member's names gone
+    from its namespace (`Kernel.release_the_model`)."""
+    import re
+
+    from workbench.catalog import SWEEP_NOTEBOOK
+    from workbench.report.runner import start_kernel
+    from workbench.sweep.page import write_comparison
+
+    def copy(name):
+        folder = tmp_path / name
+        shutil.copytree(local_sweep.folder, folder, ignore=shutil.ignore_patterns("index.html", f"{SWEEP_NOTEBOOK}.*"))
+        return folder
+
+    def page(folder):
+        html = (folder / "index.html").read_text()
+        return re.sub(r'id="cell-id=[0-9a-f-]+"', "", html.replace(str(folder), "SWEEP"))
+
+    def ask(kernel, expression):
+        reply = kernel._run_quietly("", 60, expressions={"x": expression})
+        return reply["user_expressions"]["x"]["data"]["text/plain"]
+
+    own, kept = copy("own"), copy("kept")
+    assert write_comparison(own, history=False, cell_timeout=300) is None
+    kernel = start_kernel(only=["00_saved_files"])
+    try:
+        kernel._run_quietly("left_by_a_member = 1", 60)
+        pid = ask(kernel, "__import__('os').getpid()")
+        assert write_comparison(kept, history=False, cell_timeout=300, kernel=kernel) is None
+        assert ask(kernel, "__import__('os').getpid()") == pid
+        assert ask(kernel, "'left_by_a_member' in globals()") == "False"
+    finally:
+        kernel.close()
+    assert page(kept) == page(own)

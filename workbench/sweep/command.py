@@ -57,22 +57,29 @@ def run_sweep(members: list[Member], args) -> int:
     from workbench.report.contract import redact_report
     from workbench.report.index_page import write_reports_index
     from workbench.report.runner import new_report_folder
+    from workbench.sweep.local_engine import series_kernel
     from workbench.sweep.page import write_comparison
 
     reports_dir = Path(args.reports_dir).resolve()
     name = f"sweep-{members[0].path.parent.name}" if args.history else f"sweep-{members[0].name}-{len(members)}"
     temp, final = new_report_folder(reports_dir, name, dt.datetime.now().astimezone())
     print(f"sweep of {len(members)} member(s) on the {args.engine} engine -> {final}", flush=True)
+    # members in series share one kernel, and the page runs in it after them
+    kernel = series_kernel(args)
     try:
-        outcomes = _run_engine(members, args, temp / "members", _progress(len(members)))
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)  # refused by the engine, or interrupted: nothing half-made left
-        raise
-    for outcome in outcomes:
-        record_engine_cost(outcome, args.engine)
-    document = sweep_document(args.engine, outcomes, temp, args.history)
-    write_json_atomic(temp / "sweep.json", document)
-    page_error = write_comparison(temp, history=args.history, cell_timeout=args.cell_timeout)
+        try:
+            outcomes = _run_engine(members, args, temp / "members", _progress(len(members)), kernel)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)  # refused by the engine, or interrupted: nothing half-made left
+            raise
+        for outcome in outcomes:
+            record_engine_cost(outcome, args.engine)
+        document = sweep_document(args.engine, outcomes, temp, args.history)
+        write_json_atomic(temp / "sweep.json", document)
+        page_error = write_comparison(temp, history=args.history, cell_timeout=args.cell_timeout, kernel=kernel)
+    finally:
+        if kernel is not None:
+            kernel.close()
     redact_report(temp)
     os.replace(temp, final)
     write_reports_index(reports_dir)
@@ -85,7 +92,7 @@ def run_sweep(members: list[Member], args) -> int:
     return max(worst_exit(outcomes), 1 if page_error else 0)
 
 
-def _run_engine(members, args, members_dir: Path, finished) -> list[MemberOutcome]:
+def _run_engine(members, args, members_dir: Path, finished, kernel) -> list[MemberOutcome]:
     if args.engine == "ray":
         from workbench.sweep.ray_engine import run_on_ray
 
@@ -93,7 +100,7 @@ def _run_engine(members, args, members_dir: Path, finished) -> list[MemberOutcom
         return run_on_ray(members, args, members_dir, address=args.address, shared_dir=shared, finished=finished)
     from workbench.sweep.local_engine import run_local
 
-    return run_local(members, args, members_dir, jobs=args.jobs, finished=finished)
+    return run_local(members, args, members_dir, jobs=args.jobs, finished=finished, kernel=kernel)
 
 
 def _progress(total: int):

@@ -18,19 +18,23 @@ from workbench.sweep.members import Member
 
 
 def run_local(members: list[Member], args: argparse.Namespace, members_dir: Path, *, jobs: int,
-              finished: Callable[[MemberOutcome], None]) -> list[MemberOutcome]:
-    """Each member's outcome, in member order; `finished(outcome)` as each one ends."""
+              finished: Callable[[MemberOutcome], None], kernel=None) -> list[MemberOutcome]:
+    """Each member's outcome, in member order; `finished(outcome)` as each one ends. `kernel`: the members' kernel
+    when they run one after another (`series_kernel`), left open for the caller (the sweep's page runs in it); one
+    of their own otherwise, closed at the end."""
     if jobs <= 1:
         from workbench.report.runner import start_kernel
 
         outcomes = []
-        kernel = start_kernel(only=args.notebooks)
+        own = kernel is None
+        kernel = start_kernel(only=args.notebooks) if own else kernel
         try:
             for member in members:
                 outcomes.append(diagnose_member(member, args, members_dir / member.name, kept_kernel=kernel))
                 finished(outcomes[-1])
         finally:
-            kernel.close()
+            if own:
+                kernel.close()
         return outcomes
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -70,6 +74,16 @@ def _start_worker_kernel(notebooks: list[str] | None) -> None:
     except Exception:  # noqa: BLE001 - a pool whose initializer raises is broken for every member: each member
         return         # starts its own kernel instead, and says so itself if that fails too
     util.Finalize(_WORKER_KERNEL, _WORKER_KERNEL.close, exitpriority=10)
+
+
+def series_kernel(args: argparse.Namespace):
+    """The kernel the members of a local sweep run in one after another (`--jobs 1`), started now, for the caller to
+    hand to `run_local` and then to the sweep's page, and to close; None for members side by side or on Ray."""
+    if args.engine != "local" or args.jobs > 1:
+        return None
+    from workbench.report.runner import start_kernel
+
+    return start_kernel(only=args.notebooks)
 
 
 def prepare_worker_process() -> None:

@@ -17,19 +17,25 @@ def pythonpath_with_checkout() -> str:
     return os.pathsep.join(filter(None, [str(PROJECT_ROOT) if checkout else "", os.environ.get("PYTHONPATH")]))
 
 
-def write_comparison(sweep_dir: Path, *, history: bool, cell_timeout: int) -> str | None:
-    """index.html of the sweep from the comparison notebook; the notebook's error, or None when it ran clean."""
+def write_comparison(sweep_dir: Path, *, history: bool, cell_timeout: int, kernel=None) -> str | None:
+    """index.html of the sweep from the comparison notebook; the notebook's error, or None when it ran clean.
+    `kernel`: the kernel the members were diagnosed in, one after another (the local engine's), run in once its last
+    member's namespace and model are given back (`Kernel.release_the_model`): the page then starts no kernel of its
+    own (~1.5 s of a sweep on 2 cores). Without one, or where it cannot be released, a light kernel of its own."""
     from workbench.report.html_export import export_html
     from workbench.report.kernels import Kernel
     from workbench.report.runner import ensure_kernel, run_notebook
 
-    ensure_kernel()
     notebook = NOTEBOOK_DIR / f"{SWEEP_NOTEBOOK}.ipynb"
-    # the kernel is told where this workbench is through its own environment (this process's is left as it is); it
-    # reads reports with pandas and matplotlib: no warm-up of the training stack
-    with Kernel(warm_up=False, env={"PYTHONPATH": pythonpath_with_checkout()}) as kernel:
-        run = run_notebook(notebook, sweep_dir, {"sweep_dir": str(sweep_dir), "history": history}, kernel,
-                           cell_timeout, export=False)
+    parameters = {"sweep_dir": str(sweep_dir), "history": history}
+    if kernel is not None and kernel.release_the_model():
+        run = run_notebook(notebook, sweep_dir, parameters, kernel, cell_timeout, export=False)
+    else:
+        ensure_kernel()
+        # the kernel is told where this workbench is through its own environment (this process's is left as it
+        # is); it reads reports with pandas and matplotlib: no warm-up of the training stack
+        with Kernel(warm_up=False, env={"PYTHONPATH": pythonpath_with_checkout()}) as own:
+            run = run_notebook(notebook, sweep_dir, parameters, own, cell_timeout, export=False)
     executed = sweep_dir / f"{SWEEP_NOTEBOOK}.ipynb"
     if executed.exists():
         try:
