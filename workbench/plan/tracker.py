@@ -5,8 +5,8 @@
 per module. It installs a gradient hook on every parameter it tracks, and `Tensor.register_hook` refuses a tensor
 that does not require grad: a PEFT model's frozen base raises "cannot register a hook on a tensor that doesn't
 require gradient". `PeftMemTracker` installs the hooks on the trainable parameters only (the frozen ones never get a
-gradient to track), and updates the per-module peaks of the modules running now rather than of all of them at every
-operator (torch's loop made a 90M model's two steps take 50 s); everything else is torch's. Both overrides are of
+gradient to track); both trackers update the per-module peaks of the modules running now rather than of all of them
+at every operator (torch's loop made a 90M model's two steps take 50 s); everything else is torch's. Both overrides are of
 private methods of torch 2.13 (`_track_module_params_and_buffers`, `_update_peak_stats`, `_update_snap`): the
 pinned torch; tests/plan holds them to a real tracker's numbers. `phase(name)` records the peak reached by the end of each phase
 (forward, backward, optimizer step), so the phase of the overall peak is known.
@@ -65,6 +65,7 @@ class StepMarks:
         # each training step's own peak, in the plan's names: the overall peak hides a step that stayed below it
         self.step_peaks: list[dict[str, int]] = []
         self._step_peak: dict[Any, Any] = {}  # the current step's peak snapshot so far, in the tracker's types
+        self._stats_by_fqn: dict[str, Any] = {}  # memory_tracking's statistics by module name (_update_peak_stats)
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
         super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
@@ -76,7 +77,25 @@ class StepMarks:
             self.trace.append((-1, id(winfo)))
 
     def _update_peak_stats(self, peak_state) -> None:
-        super()._update_peak_stats(peak_state)
+        """MemTracker's own update (FSDPMemTracker's too, which inherits it), visiting the modules now running
+        (ModTracker's parents) instead of every tracked module on every operator: the same statistics, in time
+        linear in the operators (a 70B-shaped model has some two thousand modules, and FSDP a unit per layer);
+        then the current step's peak (`_note_step_peak`)."""
+        if len(self._stats_by_fqn) != len(self.memory_tracking):
+            self._stats_by_fqn = {stats.mod_fqn: stats for stats in self.memory_tracking.values()}
+        current = self._curr_mem_snap
+        for fqn in self._mod_tracker.parents:
+            stats = self._stats_by_fqn.get(fqn)
+            if stats is None or peak_state not in stats.snapshots:
+                continue
+            for dev, dev_snap in current.items():
+                if stats.local_peak.get(dev, 0) < dev_snap["Total"]:
+                    stats.local_peak[dev] = dev_snap["Total"]
+                    stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
+        for dev, dev_snap in current.items():
+            if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
+                self._peak_mem[dev] = dev_snap["Total"]
+                self._peak_mem_snap[dev] = deepcopy(dev_snap)
         self._note_step_peak()
 
     def _note_step_peak(self) -> None:
@@ -154,28 +173,6 @@ class PeftMemTracker(StepMarks, MemTracker):
     def __init__(self) -> None:
         super().__init__()
         self._init_marks()
-        self._stats_by_fqn: dict[str, Any] = {}
-
-    def _update_peak_stats(self, peak_state) -> None:
-        """MemTracker's own update, visiting the modules now running (ModTracker's parents) instead of every module
-        of the model on every operator: the same statistics, in time linear in the operators (a 70B-shaped model has
-        some two thousand modules)."""
-        if len(self._stats_by_fqn) != len(self.memory_tracking):
-            self._stats_by_fqn = {stats.mod_fqn: stats for stats in self.memory_tracking.values()}
-        current = self._curr_mem_snap
-        for fqn in self._mod_tracker.parents:
-            stats = self._stats_by_fqn.get(fqn)
-            if stats is None or peak_state not in stats.snapshots:
-                continue
-            for dev, dev_snap in current.items():
-                if stats.local_peak.get(dev, 0) < dev_snap["Total"]:
-                    stats.local_peak[dev] = dev_snap["Total"]
-                    stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
-        for dev, dev_snap in current.items():
-            if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
-                self._peak_mem[dev] = dev_snap["Total"]
-                self._peak_mem_snap[dev] = deepcopy(dev_snap)
-        self._note_step_peak()
 
     def _track_module_params_and_buffers(self, module: torch.nn.Module, install_grad_hooks: bool = True):
         tracked = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
