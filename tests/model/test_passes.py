@@ -61,3 +61,23 @@ def test_a_meta_skeleton_runs_no_pass():
     with counted_passes() as passes, torch.no_grad():
         skeleton(input_ids=torch.arange(4, device="meta").unsqueeze(0))
     assert passes.forwards == 0
+
+
+def test_a_probes_tiny_twin_runs_no_pass_and_the_model_beside_it_still_counts(tiny_llama):
+    """train.loss_accumulation's Trainer steps run on a shrunk twin of a model too big to copy: forwards over no
+    weight of the model diagnosed, left out of the count (they were five 'full-model forwards' at every size)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workbench.probes.train.loss_accumulation import tiny_twin
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                         num_attention_heads=8, num_key_value_heads=4)).eval()
+    twin = tiny_twin(model)
+    assert sum(p.numel() for p in twin.parameters()) < sum(p.numel() for p in model.parameters())
+    ids = torch.arange(8).unsqueeze(0)
+    with counted_passes() as passes:
+        twin(input_ids=ids, labels=ids).loss.backward()
+        with torch.no_grad():
+            model(input_ids=ids)
+    assert (passes.forwards, passes.with_grad) == (1, 0)

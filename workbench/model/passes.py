@@ -8,8 +8,11 @@ A forward is a call of a module that carries a transformers `config` (a PreTrain
 made while no other module's forward runs in that thread: the PeftModel around a model, and the model inside it,
 are one forward; a DataParallel replica's thread counts its own. `with_grad` counts those run with autograd on,
 which a backward follows in the probes (grad.flow, the Trainer's steps). Forwards of a model on the meta device
-(the set-up predictions, the plan's skeleton) are not passes over weights and are left out. Counted with torch's
-global module hooks (`torch.nn.modules.module.register_module_forward_pre_hook`), removed when the block ends.
+(the set-up predictions, the plan's skeleton) are not passes over weights and are left out, and so are those of a
+probe's tiny stand-in for the model (`mark_stand_in`: the Trainer steps train.loss_accumulation runs on a shrunk
+twin of a model too big to copy, a few milliseconds each, which the cost block had counted as five full-model
+forwards at every size). Counted with torch's global module hooks
+(`torch.nn.modules.module.register_module_forward_pre_hook`), removed when the block ends.
 """
 
 from __future__ import annotations
@@ -27,9 +30,18 @@ class Passes:
     with_grad: int = 0
 
 
+STAND_IN = "_workbench_stand_in"  # set on a probe's tiny stand-in for the model: its forwards are no passes
+
+
+def mark_stand_in(module):
+    """`module` (a shrunk twin of the model a probe runs in its place) marked: its forwards are not counted."""
+    setattr(module, STAND_IN, True)
+    return module
+
+
 def _over_weights(module) -> bool:
     first = next(module.parameters(), None)
-    return first is not None and first.device.type != "meta"
+    return first is not None and first.device.type != "meta" and not getattr(module, STAND_IN, False)
 
 
 @contextlib.contextmanager

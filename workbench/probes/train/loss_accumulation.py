@@ -189,10 +189,12 @@ def _merged(full: dict[str, Any], shrunk: dict[str, Any]) -> dict[str, Any]:
 
 
 def tiny_twin(model):
-    """The same class from the same config, every size shrunk, in fp32; the user's `accepts_loss_kwargs` kept."""
+    """The same class from the same config, every size shrunk, in fp32; the user's `accepts_loss_kwargs` kept.
+    Marked a stand-in: its forwards are not counted as passes over the model's weights (`model.passes`)."""
     import torch
 
     from workbench.architectures.tiny_config import VOCAB, shrunk_fields
+    from workbench.model.passes import mark_stand_in
 
     config = model.config
     vocab = max([VOCAB, *[i + 1 for i in config_token_ids(config)]])
@@ -203,7 +205,7 @@ def tiny_twin(model):
     with torch.random.fork_rng():
         torch.manual_seed(0)
         twin = type(model)(twin_config).float()
-    return twin
+    return mark_stand_in(twin)
 
 
 def _model_for_runs(model) -> tuple[Any, str]:
