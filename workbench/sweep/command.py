@@ -64,10 +64,10 @@ def run_sweep(members: list[Member], args) -> int:
     name = f"sweep-{members[0].path.parent.name}" if args.history else f"sweep-{members[0].name}-{len(members)}"
     temp, final = new_report_folder(reports_dir, name, dt.datetime.now().astimezone())
     print(f"sweep of {len(members)} member(s) on the {args.engine} engine -> {final}", flush=True)
-    # members in series share one kernel, and the page runs in it after them
-    kernel = series_kernel(args)
+    kernel = None
     try:
         try:
+            kernel = series_kernel(args)  # members in series share one kernel, and the page runs in it after them
             outcomes = _run_engine(members, args, temp / "members", _progress(len(members)), kernel)
         except BaseException:
             shutil.rmtree(temp, ignore_errors=True)  # refused by the engine, or interrupted: nothing half-made left
