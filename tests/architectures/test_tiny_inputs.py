@@ -184,3 +184,22 @@ def test_a_model_that_cannot_take_every_kind_of_layer_is_built_on_the_prefix(tmp
     folder = build_tiny_checkpoint(Architecture("qwen3_next", "causal_lm", "Qwen3NextForCausalLM"), tmp_path)
     saved = json.loads((folder / "config.json").read_text())  # healthy: the attention layer is kept
     assert saved["layer_types"] == ["linear_attention", "full_attention"]
+
+
+@pytest.mark.parametrize("heads, kv, expected_kv", [(2, 2, 2), (32, 32, 4), (32, 8, 2), (32, 1, 1)],
+                         ids=["mha-under-the-tiny-heads", "mha", "gqa", "mqa"])
+def test_key_value_heads_keep_the_attention_kind_and_never_outnumber_the_query_heads(heads, kv, expected_kv):
+    """Multi-head stays multi-head with as many key-value heads as query heads, also where the config already has
+    fewer query heads than a tiny one (2: it had 4 key-value heads for 2 query heads, and its forward failed in
+    SDPA); grouped becomes two groups, multi-query stays multi-query."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workbench.architectures.tiny_config import shrunk_fields
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16 * heads, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=kv)
+    shrunk = LlamaConfig(**{**config.to_dict(), **shrunk_fields(config, vocab=64)})
+    assert (shrunk.num_attention_heads, shrunk.num_key_value_heads) == (min(heads, 4), expected_kv)
+    ids = torch.arange(8).unsqueeze(0)
+    torch.manual_seed(0)
+    assert torch.isfinite(LlamaForCausalLM(shrunk)(input_ids=ids, labels=ids).loss)

@@ -80,11 +80,14 @@ def config_token_ids(config) -> list[int]:
     return out
 
 
-def _kv_heads(original: int, heads: int | None) -> int:
+def _kv_heads(original: int, heads: int | None, new_heads: int | None) -> int:
+    """Key-value heads for `new_heads` query heads (`heads` before shrinking): multi-query stays multi-query,
+    multi-head stays multi-head (as many as the query heads: a config already under HEADS keeps its own), grouped
+    becomes two groups."""
     if original == 1:
         return 1  # multi-query attention stays multi-query
     if heads is not None and original == heads:
-        return HEADS
+        return new_heads or HEADS
     return 2
 
 
@@ -244,7 +247,7 @@ def shrunk_fields(config, vocab: int, keep_layer_kinds: bool = True) -> dict[str
     heads = out.get("num_attention_heads", fields.get("num_attention_heads"))
     for key in KV_HEADS:
         if isinstance(fields.get(key), int) and fields[key] > 0:
-            out[key] = _kv_heads(fields[key], fields.get("num_attention_heads"))
+            out[key] = _kv_heads(fields[key], fields.get("num_attention_heads"), heads)
     if isinstance(fields.get("vocab_size"), int) and fields["vocab_size"] > vocab:
         out["vocab_size"] = vocab
     # a decoder vocabulary of its own (Marian's `decoder_vocab_size`: the size of lm_head and final_logits_bias, and
