@@ -63,7 +63,7 @@ def test_a_meta_skeleton_runs_no_pass():
     assert passes.forwards == 0
 
 
-def test_a_probes_tiny_twin_runs_no_pass_and_the_model_beside_it_still_counts(tiny_llama):
+def test_a_probes_tiny_twin_runs_no_pass_and_the_model_beside_it_still_counts():
     """train.loss_accumulation's Trainer steps run on a shrunk twin of a model too big to copy: forwards over no
     weight of the model diagnosed, left out of the count (they were five 'full-model forwards' at every size)."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -569,3 +569,39 @@ def test_a_sequence_past_the_models_positions_and_a_model_it_cannot_step_are_one
     WhisperConfig(architectures=["WhisperForConditionalGeneration"]).save_pretrained(tmp_path / "speech")
     result = plan_here(tmp_path / "speech")
     assert result.returncode == 2 and "trains on `input_features`" in result.stderr
+
+
+def test_the_per_module_peaks_are_torchs_own_across_the_reset_between_steps():
+    """Our trackers' per-module peak update (the running modules, by name) against torch's MemTracker on the same
+    two steps, the statistics reset between them as run_steps resets them, the second step's temporary larger than
+    the first's: every module's peak and snapshots equal."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from workbench.plan.tracker import PeftMemTracker
+
+    class Widening(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.inner(x).repeat(16, 1).mean(0)  # a temporary larger than what the module keeps
+
+    def statistics(tracker_class):
+        torch.manual_seed(0)
+        model = Widening()
+        tracker = tracker_class()
+        tracker.track_external(model)
+        with tracker:
+            for step in range(2):
+                model(torch.randn(32 * (step + 1), 64)).sum().backward()
+                if step == 0:
+                    tracker.reset_mod_stats()
+        return {stats.mod_fqn: (dict(stats.local_peak), {str(state): [[dev.get("Total") for dev in snap.values()]
+                                                                      for snap in snaps]
+                                                         for state, snaps in stats.snapshots.items()})
+                for stats in tracker.memory_tracking.values()}
+
+    ours = statistics(PeftMemTracker)
+    assert set(ours) == {"Widening", "Widening.inner"} and ours == statistics(MemTracker)

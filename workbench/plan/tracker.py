@@ -98,6 +98,13 @@ class StepMarks:
                 self._peak_mem_snap[dev] = deepcopy(dev_snap)
         self._note_step_peak()
 
+    def reset_mod_stats(self) -> None:
+        """torch's reset (memory_tracking cleared between steps), and the statistics by name with it, so that the
+        map is never one of the previous step's statistics (it is rebuilt when its length differs from
+        memory_tracking's, and a refill can reach the same length)."""
+        super().reset_mod_stats()
+        self._stats_by_fqn = {}
+
     def _note_step_peak(self) -> None:
         """Keep the current step's peak beside the overall one (the tracker's `_update_peak_stats` calls it)."""
         for dev_snap in self._curr_mem_snap.values():

@@ -70,6 +70,9 @@ def run_sweep(members: list[Member], args) -> int:
             kernel = series_kernel(args)  # members in series share one kernel, and the page runs in it after them
             outcomes = _run_engine(members, args, temp / "members", _progress(len(members)), kernel)
         except BaseException:
+            if kernel is not None:  # stopped first: a cell still running would write into the folder removed next
+                kernel.close()
+                kernel = None
             shutil.rmtree(temp, ignore_errors=True)  # refused by the engine, or interrupted: nothing half-made left
             raise
         for outcome in outcomes:

@@ -28,7 +28,7 @@ def write_comparison(sweep_dir: Path, *, history: bool, cell_timeout: int, kerne
 
     notebook = NOTEBOOK_DIR / f"{SWEEP_NOTEBOOK}.ipynb"
     parameters = {"sweep_dir": str(sweep_dir), "history": history}
-    if kernel is not None and kernel.release_the_model():
+    if kernel is not None and _released(kernel):
         run = run_notebook(notebook, sweep_dir, parameters, kernel, cell_timeout, export=False)
     else:
         ensure_kernel()
@@ -43,3 +43,12 @@ def write_comparison(sweep_dir: Path, *, history: bool, cell_timeout: int, kerne
         except Exception as exc:  # noqa: BLE001 - the page is the sweep's result: its failure is said
             return run.error or f"HTML export failed: {type(exc).__name__}: {exc}"
     return run.error
+
+
+def _released(kernel) -> bool:
+    """The members' kernel with the last member's namespace and model given back; False where that cannot be done
+    (a kernel that died and could not be started again included): the page then runs in a kernel of its own."""
+    try:
+        return kernel.release_the_model()
+    except Exception:  # noqa: BLE001 - the page does not depend on the members' kernel
+        return False
