@@ -51,5 +51,18 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _run_the_sitecustomize_this_one_shadows() -> None:
+    """Python imports one sitecustomize, the first on sys.path: this folder's hides the next one (tests/sweep/ray_site's,
+    which the test's Ray workers carry after it). That one runs as Python would have run it."""
+    import importlib.machinery
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.machinery.PathFinder.find_spec(
+        "sitecustomize", [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here])
+    if spec is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
 if MARKER:
     sys.meta_path.insert(0, _PatchOnImport())
+_run_the_sitecustomize_this_one_shadows()
