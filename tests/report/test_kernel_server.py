@@ -98,6 +98,54 @@ def test_a_server_whose_launcher_is_killed_outright_stops_and_removes_its_socket
     assert not os.path.exists(path)
 
 
+def test_a_client_gone_before_its_answer_leaves_the_server_serving_and_no_process(tmp_path):
+    """A client killed right after asking (jupyter_client stopping a kernel as it starts, a launcher killed outright)
+    never reads its answer: the server (the listening loop, serving this environment) serves on — stopping, it took
+    every kernel it had forked for the others with it — and the process forked for that client goes. The server is
+    stopped while the requests queue, so that each client is gone before it is answered, whatever the timing."""
+    import signal
+    import socket
+
+    from workbench.report.kernel_server import receive_message, send_message
+
+    path = str(tmp_path / "k.sock")
+    env = {**os.environ, SERVER_ENV: path}
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([sys.executable, "-c", "import os, sys\nfrom workbench.report.kernel_server import "
+                                   "KernelServer\nserver = KernelServer(sys.argv[1])\nserver.base_env = dict(os.environ)"
+                                   "\nserver.serve()", path], stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+    server.log = log
+    sleeper = {"module": "timeit", "argv": ["-n", "1", "-r", "1", "import time; time.sleep(600)"], "cwd": str(tmp_path)}
+
+    def ask(environment):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        send_message(sock, {**sleeper, "env": environment}, fds=[0, 1, 2])
+        return sock
+
+    try:
+        _wait_for_the_socket(server, path)
+        os.kill(server.pid, signal.SIGSTOP)
+        for environment in ({**env, "HF_HOME": str(tmp_path / "elsewhere")}, env):  # refused, then forked
+            ask(environment).close()
+        os.kill(server.pid, signal.SIGCONT)
+        with ask(env) as sock:  # answered: the server still serves
+            answer, _ = receive_message(sock)
+            assert "pid" in answer, (answer, log.read_text())
+            assert server.poll() is None, log.read_text()
+        # its own client gone too, that child goes as well: none is left
+        children = psutil.Process(server.pid).children()
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], log.read_text()
+        assert "forked for a client that went before its answer" in log.read_text()
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.terminate()
+        server.wait(timeout=30)
+    assert server.returncode == 0, log.read_text()
+
+
 def _running(process) -> bool:
     """Neither gone nor a zombie (reparented, it is reaped by whoever adopted it, or not at all)."""
     try:

@@ -196,7 +196,10 @@ class KernelServer:
             os.unlink(self.path)
 
     def _accept(self) -> None:
-        conn, _ = self.listener.accept()
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:  # the connection was given up before it was taken
+            return
         conn.settimeout(30)
         try:
             request, fds = receive_message(conn, with_fds=3)
@@ -212,7 +215,7 @@ class KernelServer:
         if why:
             for fd in fds:
                 os.close(fd)
-            send_message(conn, {"refused": why})
+            _answer(conn, {"refused": why})
             conn.close()
             sys.stderr.write(f"kernel server: refused: {why}\n")
             return
@@ -221,9 +224,14 @@ class KernelServer:
             self._become_kernel(request, fds, conn)  # never returns
         for fd in fds:
             os.close(fd)
+        self.kernels[pid] = None  # reaped by _reap, whoever stands for it
+        if not _answer(conn, {"pid": pid}):  # its client went as it asked: nobody stands for it, so it goes
+            _kill_group(pid)
+            conn.close()
+            sys.stderr.write(f"kernel server: stopped {pid}, forked for a client that went before its answer\n")
+            return
         self.kernels[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ)
-        send_message(conn, {"pid": pid})
         sys.stderr.write(f"kernel server: forked {request.get('module') or 'a kernel'} as {pid}\n")
 
     def _become_kernel(self, request: dict[str, Any], fds: list[int], conn: socket.socket) -> None:
@@ -336,11 +344,25 @@ def _set_python_path(before: str, after: str) -> None:
     sys.path[:] = [os.getcwd(), *(os.path.abspath(p) for p in after.split(os.pathsep) if p), *rest]
 
 
-def _kill_group(pid: int) -> None:
+def _answer(conn: socket.socket, message: dict[str, Any]) -> bool:
+    """Send a client its answer; False where it is gone (killed right after asking: jupyter_client stopping a kernel
+    as it starts, a launcher killed outright). A client's going is its own: the server serves on, and every kernel it
+    forked for the others runs on."""
     try:
-        os.killpg(pid, signal.SIGKILL)
+        send_message(conn, message)
     except OSError:
-        pass
+        return False
+    return True
+
+
+def _kill_group(pid: int) -> None:
+    """A forked child and what it started: its process group (its first step makes one, `os.setsid`), and the child
+    itself, which a kill in that first moment finds still in the server's group."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _die_with_parent() -> None:
