@@ -23,9 +23,12 @@ def module_kernel_server(tmp_path_factory):
     run without one, WORKBENCH_TEST_KERNEL_SERVER=0, or an environment an earlier test changed) one of this
     module's."""
     from tests import served_kernels
+    from workbench.distributed.launcher import rank_environment
 
     served = served_kernels.running()
-    if served is not None and served_kernels.would_fork(dict(os.environ)):
+    # the kernels' environment, and the one torchrun's ranks get (one thread each, which a session in one process,
+    # TEST_WORKERS=0, does not set for its server)
+    if served is not None and all(served_kernels.would_fork(env) for env in (dict(os.environ), rank_environment())):
         _wait_for_the_socket(served, served.socket)
         yield served
         return
