@@ -149,6 +149,40 @@ def test_a_client_gone_before_its_answer_leaves_the_server_serving_and_no_proces
     assert server.returncode == 0, log.read_text()
 
 
+def test_a_fork_that_fails_is_a_refusal_and_the_server_serves_on(tmp_path):
+    """A fork the system refuses (no process or memory left) is answered as a refusal, with its reason, so that the
+    client starts its process as usual; the server serves the next request."""
+    import socket
+
+    from workbench.report.kernel_server import receive_message, send_message
+
+    path = str(tmp_path / "k.sock")
+    env = {**os.environ, SERVER_ENV: path}
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([sys.executable, "-c", "import errno, os, sys\nfrom workbench.report.kernel_server "
+                                   "import KernelServer\ndef fork():\n    raise OSError(errno.EAGAIN, 'Resource "
+                                   "temporarily unavailable')\nos.fork = fork\nserver = KernelServer(sys.argv[1])\n"
+                                   "server.base_env = dict(os.environ)\nserver.serve()", path],
+                                  stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+    server.log = log
+    try:
+        _wait_for_the_socket(server, path)
+        for _ in range(2):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(path)
+                send_message(sock, {"module": "json.tool", "argv": [], "env": env, "cwd": str(tmp_path)},
+                             fds=[0, 1, 2])
+                answer, _ = receive_message(sock)
+            assert answer == {"refused": "the server could not fork ([Errno 11] Resource temporarily unavailable)"}, \
+                (answer, log.read_text())
+        assert server.poll() is None, log.read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert server.returncode == 0, log.read_text()
+
+
 def _running(process) -> bool:
     """Neither gone nor a zombie (reparented, it is reaped by whoever adopted it, or not at all)."""
     try:

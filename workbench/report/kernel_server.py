@@ -219,11 +219,19 @@ class KernelServer:
             conn.close()
             sys.stderr.write(f"kernel server: refused: {why}\n")
             return
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of processes or memory: the client starts its process as usual
+            pid, why = None, f"the server could not fork ({exc})"
         if pid == 0:
             self._become_kernel(request, fds, conn)  # never returns
         for fd in fds:
             os.close(fd)
+        if pid is None:
+            _answer(conn, {"refused": why})
+            conn.close()
+            sys.stderr.write(f"kernel server: refused: {why}\n")
+            return
         self.kernels[pid] = None  # reaped by _reap, whoever stands for it
         if not _answer(conn, {"pid": pid}):  # its client went as it asked: nobody stands for it, so it goes
             _kill_group(pid)
