@@ -275,6 +275,7 @@ def pytest_configure(config):
     """The verdict log's folder (tests/verdict_coverage.py); then, in a process that will run tests and not only the
     fast tier, its kernel server (tests/served_kernels.py), started now so that its imports overlap collection."""
     configure_verdict_log(config)
+    config.pluginmanager.register(served_kernels, "workbench-served-kernels")  # its end-of-session report
     runs_tests = getattr(config, "workerinput", None) is not None or not getattr(config.option, "numprocesses", None)
     if not runs_tests:
         gc.enable()

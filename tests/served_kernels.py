@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from workbench.report.kernel_server import SERVER_ENV
 
 _server: dict = {}
@@ -82,3 +84,44 @@ def would_fork(env: dict[str, str]) -> bool:
     from workbench.report.kernel_server import refusal
 
     return bool(_server) and refusal(env, _server["env"], imported=()) is None
+
+
+# A server that stops before the session's end leaves a slower run, not a wrong one: every kernel and rank after it
+# starts with its imports (a client gone before its answer once stopped one at 227 s of a 300 s run). The session
+# says so at its end, from each worker (its `workeroutput`) or from the one process.
+_STOPPED_KEY = "workbench_kernel_server_stopped"
+
+
+def stopped_early() -> str | None:
+    """A line naming this process' server if it is no longer running, with the end of its log; else None."""
+    if not _server or _server["process"].poll() is None:
+        return None
+    _server["log"].flush()
+    tail = (Path(_server["folder"]) / "server.log").read_text(errors="replace").strip().splitlines()[-3:]
+    return (f"test process {os.getpid()}: its kernel server stopped (exit {_server['process'].returncode}) before "
+            f"the session's end; later kernels and ranks started with their imports. Its log ends: "
+            f"{' | '.join(tail) or '(empty)'}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    line = stopped_early()
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[_STOPPED_KEY] = line
+    elif line:
+        session.config.__dict__.setdefault(_STOPPED_KEY, []).append(line)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    line = (getattr(node, "workeroutput", None) or {}).get(_STOPPED_KEY)
+    if line:
+        node.config.__dict__.setdefault(_STOPPED_KEY, []).append(line)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    lines = config.__dict__.get(_STOPPED_KEY)
+    if lines:
+        terminalreporter.section("kernel server", sep="=", yellow=True)
+        for line in lines:
+            terminalreporter.write_line(line)
