@@ -223,7 +223,7 @@ def started(tmp_path, env=None):
     from workbench.report.kernels import KERNEL_NAME, served_kernel_specs
 
     log = open(tmp_path / "kernel.log", "ab")  # noqa: SIM115 - closed with the test's folder
-    km = KernelManager(kernel_name=KERNEL_NAME, **served_kernel_specs(True))
+    km = KernelManager(kernel_name=KERNEL_NAME, **served_kernel_specs())
     km.start_kernel(stdout=log, stderr=log, cwd=str(tmp_path), env={**os.environ, **(env or {})})
     client = km.client()
     client.start_channels()

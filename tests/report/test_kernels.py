@@ -1,5 +1,8 @@
 """The diagnosis' kernel (`workbench.report.kernels`): the client every notebook executes through."""
 
+import os
+import time
+
 import pytest
 from jupyter_core.utils import run_sync
 
@@ -38,3 +41,23 @@ def test_the_notebook_client_is_ready_with_its_own_request_read_to_the_end():
         # started with KERNEL_ARGUMENTS: no input history, whose sqlite commits each cell would wait on
         msg_id = client.execute("print(get_ipython().history_manager.enabled)")
         assert run_sync(_outputs_of)(client, msg_id)[0] == ["False\n"]
+
+
+@pytest.mark.slow  # a kernel
+def test_a_light_kernel_is_forked_where_a_kernel_server_serves():
+    """`Kernel(warm_up=False)` (a sweep's page) gets a kernel forked from this worker's server where it runs: its
+    start is a fork, the stack it would not import already there; started as usual elsewhere."""
+    from tests import served_kernels
+
+    server = served_kernels.running()
+    if server is None or not served_kernels.would_fork(dict(os.environ)):
+        pytest.skip("no kernel server serves this environment (a session run without one)")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(server.socket):  # bound once its imports are done; a kernel asked before starts as usual
+        assert server.poll() is None and time.monotonic() < deadline, server.log.read_text()[-2000:]
+        time.sleep(0.1)
+    with Kernel(warm_up=False) as kernel:
+        client = kernel.client()
+        msg_id = client.execute("import os, sys; print(os.getppid(), 'torch' in sys.modules)")
+        texts, _ = run_sync(_outputs_of)(client, msg_id)
+    assert texts == [f"{server.pid} True\n"], texts

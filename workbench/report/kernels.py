@@ -59,7 +59,7 @@ class Kernel:
 
         # the async manager nbclient itself would create: its client honours the cell timeout and notices a dead
         # kernel while waiting (a blocking client's waits do neither)
-        km = AsyncKernelManager(kernel_name=self.name, **served_kernel_specs(self.warm_up))
+        km = AsyncKernelManager(kernel_name=self.name, **served_kernel_specs())
         run_sync(km.start_kernel)(stdout=self._console, stderr=self._console, env={**os.environ, **self.env},
                                   extra_arguments=list(KERNEL_ARGUMENTS))
         self.km = km
@@ -297,13 +297,16 @@ def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
-def served_kernel_specs(warm_up: bool) -> dict:
+def served_kernel_specs() -> dict:
     """The kernel manager's options where a kernel server runs (`workbench.report.kernel_server`, named by
-    WORKBENCH_KERNEL_SERVER) and the kernel would import what the server has imported: a spec manager whose
-    ipykernel command is the server's client instead. Empty otherwise (jupyter's own spec manager)."""
+    WORKBENCH_KERNEL_SERVER): a spec manager whose ipykernel command is the server's client instead. Empty otherwise
+    (jupyter's own spec manager). A light kernel (`warm_up=False`: a sweep's page, which reads reports) is forked
+    too: the stack it would not import is there at no cost, and what its code imports (the page's pandas) is there
+    already. A light kernel started and a first cell importing pandas run: 0.6 s of CPU and 0.7-0.9 s of wall
+    started as usual, 0.5-0.6 s of wall forked (2 cores)."""
     from workbench.report.kernel_server import SERVER_ENV
 
-    if not (warm_up and os.environ.get(SERVER_ENV)):
+    if not os.environ.get(SERVER_ENV):
         return {}
     from workbench.report.served_specs import ServedKernelSpecManager
 
