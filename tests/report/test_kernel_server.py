@@ -124,7 +124,11 @@ def test_a_client_gone_before_its_answer_leaves_the_server_serving_and_no_proces
     def ask(environment):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path)
-        send_message(sock, {**sleeper, "env": environment}, fds=[0, 1, 2])
+        with open(os.devnull, "r+b") as null:  # the child's streams: not this worker's own
+            try:
+                send_message(sock, {**sleeper, "env": environment}, fds=[null.fileno()] * 3)
+            except OSError as exc:
+                raise AssertionError(f"{exc!r}; the server's log: {log.read_text()[-2000:]}") from exc
         return sock
 
     try:
@@ -169,11 +173,14 @@ def test_a_fork_that_fails_is_a_refusal_and_the_server_serves_on(tmp_path):
     try:
         _wait_for_the_socket(server, path)
         for _ in range(2):
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, open(os.devnull, "r+b") as null:
                 sock.connect(path)
-                send_message(sock, {"module": "json.tool", "argv": [], "env": env, "cwd": str(tmp_path)},
-                             fds=[0, 1, 2])
-                answer, _ = receive_message(sock)
+                try:
+                    send_message(sock, {"module": "json.tool", "argv": [], "env": env, "cwd": str(tmp_path)},
+                                 fds=[null.fileno()] * 3)
+                    answer, _ = receive_message(sock)
+                except OSError as exc:
+                    raise AssertionError(f"{exc!r}; the server ({server.poll()}): {log.read_text()[-2000:]}") from exc
             assert answer == {"refused": "the server could not fork ([Errno 11] Resource temporarily unavailable)"}, \
                 (answer, log.read_text())
         assert server.poll() is None, log.read_text()

@@ -93,7 +93,8 @@ def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | 
     packet = _HEADER.pack(len(data)) + data
     if fds:
         sent = socket.send_fds(sock, [packet], fds)
-        sock.sendall(packet[sent:])
+        if sent < len(packet):  # an empty send raises BrokenPipeError once the server has answered and closed
+            sock.sendall(packet[sent:])
     else:
         sock.sendall(packet)
 
