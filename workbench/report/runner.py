@@ -246,6 +246,7 @@ def diagnose(target: Target, *, reports_dir: Path, only: list[str] | None = None
         notebooks = [nb for nb in notebooks if diagnosis.part(nb.stem).runs]
         jobs = jobs or parallel_jobs(target, len(notebooks))
         # notebooks of your own (another notebook_dir) may not need the stack: their kernel is not warmed up with it
+        # (beside a kernel server it is forked all the same, the stack there at no cost)
         execution = PapermillExecution(diagnosis, temp, notebook_parameters(target, extra_parameters),
                                        kernel_variables(notebooks), cell_timeout, echo,
                                        warm_up=Path(notebook_dir) == NOTEBOOK_DIR)
