@@ -101,6 +101,21 @@ def test_a_server_whose_launcher_is_killed_outright_stops_and_removes_its_socket
     assert not os.path.exists(path)
 
 
+def _listening_loop(tmp_path, first: str = ""):
+    """A server's listening loop alone (no imports), serving its own environment, `first` run before it: (the
+    process, with `log` set on it; its socket's path; the environment it serves)."""
+    path = str(tmp_path / "k.sock")
+    env = {**os.environ, SERVER_ENV: path}
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([sys.executable, "-c", f"import os, sys\n{first}from workbench.report.kernel_server "
+                                   "import KernelServer\nserver = KernelServer(sys.argv[1])\n"
+                                   "server.base_env = dict(os.environ)\nserver.serve()", path],
+                                  stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+    server.log = log
+    return server, path, env
+
+
 def test_a_client_gone_before_its_answer_leaves_the_server_serving_and_no_process(tmp_path):
     """A client killed right after asking (jupyter_client stopping a kernel as it starts, a launcher killed outright)
     never reads its answer: the server (the listening loop, serving this environment) serves on — stopping, it took
@@ -111,14 +126,8 @@ def test_a_client_gone_before_its_answer_leaves_the_server_serving_and_no_proces
 
     from workbench.report.kernel_server import receive_message, send_message
 
-    path = str(tmp_path / "k.sock")
-    env = {**os.environ, SERVER_ENV: path}
-    log = tmp_path / "server.log"
-    with open(log, "wb") as out:
-        server = subprocess.Popen([sys.executable, "-c", "import os, sys\nfrom workbench.report.kernel_server import "
-                                   "KernelServer\nserver = KernelServer(sys.argv[1])\nserver.base_env = dict(os.environ)"
-                                   "\nserver.serve()", path], stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
-    server.log = log
+    server, path, env = _listening_loop(tmp_path)
+    log = server.log
     sleeper = {"module": "timeit", "argv": ["-n", "1", "-r", "1", "import time; time.sleep(600)"], "cwd": str(tmp_path)}
 
     def ask(environment):
@@ -160,16 +169,9 @@ def test_a_fork_that_fails_is_a_refusal_and_the_server_serves_on(tmp_path):
 
     from workbench.report.kernel_server import receive_message, send_message
 
-    path = str(tmp_path / "k.sock")
-    env = {**os.environ, SERVER_ENV: path}
-    log = tmp_path / "server.log"
-    with open(log, "wb") as out:
-        server = subprocess.Popen([sys.executable, "-c", "import errno, os, sys\nfrom workbench.report.kernel_server "
-                                   "import KernelServer\ndef fork():\n    raise OSError(errno.EAGAIN, 'Resource "
-                                   "temporarily unavailable')\nos.fork = fork\nserver = KernelServer(sys.argv[1])\n"
-                                   "server.base_env = dict(os.environ)\nserver.serve()", path],
-                                  stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
-    server.log = log
+    server, path, env = _listening_loop(tmp_path, first="import errno\ndef fork():\n    raise OSError(errno.EAGAIN, "
+                                        "'Resource temporarily unavailable')\nos.fork = fork\n")
+    log = server.log
     try:
         _wait_for_the_socket(server, path)
         for _ in range(2):
