@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,15 @@ def running():
     process.socket = _server["env"][SERVER_ENV]
     process.log = Path(_server["folder"]) / "server.log"
     return process
+
+
+def wait_for_socket(process, path: str, timeout: float = 120.0) -> None:
+    """Until a server's socket is bound (once its imports are done: a kernel asked for before then starts as usual),
+    failing with the end of its log if it stops or `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert process.poll() is None and time.monotonic() < deadline, process.log.read_text()[-2000:]
+        time.sleep(0.1)
 
 
 def server_children(since: float, wait: float = 10.0) -> list:

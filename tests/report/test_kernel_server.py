@@ -53,9 +53,9 @@ def module_kernel_server(tmp_path_factory):
 
 
 def _wait_for_the_socket(process, path):
-    while not os.path.exists(path):
-        assert process.poll() is None, process.log.read_text()
-        time.sleep(0.1)
+    from tests import served_kernels
+
+    served_kernels.wait_for_socket(process, path)
     assert os.stat(path).st_mode & 0o777 == 0o600  # only its own user may ask it to run code
 
 

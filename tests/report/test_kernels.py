@@ -1,7 +1,6 @@
 """The diagnosis' kernel (`workbench.report.kernels`): the client every notebook executes through."""
 
 import os
-import time
 
 import pytest
 from jupyter_core.utils import run_sync
@@ -52,10 +51,7 @@ def test_a_light_kernel_is_forked_where_a_kernel_server_serves():
     server = served_kernels.running()
     if server is None or not served_kernels.would_fork(dict(os.environ)):
         pytest.skip("no kernel server serves this environment (a session run without one)")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(server.socket):  # bound once its imports are done; a kernel asked before starts as usual
-        assert server.poll() is None and time.monotonic() < deadline, server.log.read_text()[-2000:]
-        time.sleep(0.1)
+    served_kernels.wait_for_socket(server, server.socket)
     with Kernel(warm_up=False) as kernel:
         client = kernel.client()
         msg_id = client.execute("import os, sys; print(os.getppid(), 'torch' in sys.modules)")

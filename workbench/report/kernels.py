@@ -302,8 +302,9 @@ def served_kernel_specs() -> dict:
     WORKBENCH_KERNEL_SERVER): a spec manager whose ipykernel command is the server's client instead. Empty otherwise
     (jupyter's own spec manager). A light kernel (`warm_up=False`: a sweep's page, which reads reports; a diagnosis
     of notebooks of one's own, `runner.diagnose(notebook_dir=...)`) is forked too: the stack it would not import is
-    there at no cost, and what its code imports (the page's pandas, a notebook's torch) is there already. A light kernel started and a first cell importing pandas run: 0.6 s of CPU and 0.7-0.9 s of wall
-    started as usual, 0.5-0.6 s of wall forked (2 cores)."""
+    there at no cost, and what its code imports (the page's pandas, a notebook's torch) is there already. A light
+    kernel started and a first cell importing pandas run: 0.6 s of CPU and 0.7-0.9 s of wall started as usual,
+    0.5-0.6 s of wall forked (2 cores)."""
     from workbench.report.kernel_server import SERVER_ENV
 
     if not os.environ.get(SERVER_ENV):
