@@ -331,9 +331,12 @@ def test_the_plan_is_within_ten_percent_of_a_real_trainer_step_with_glibc_thresh
 
 
 def _real_rise(folder, fields, adapter, seq):
-    real = subprocess.run([sys.executable, "-m", "workbench.plan.real_step", str(folder), json.dumps(fields),
-                           str(adapter), "--seq", str(seq)], capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL)
+    """A real step's resident rise, run as the plan runs its own (`real_step_command`: forked from this worker's
+    kernel server, where the suite runs one)."""
+    from workbench.plan.host_heap import real_step_command
+
+    real = subprocess.run(real_step_command(folder, fields, [str(adapter)], seq), capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
     assert real.returncode == 0, real.stderr
     return json.loads(real.stdout.strip().splitlines()[-1])["above_weights_bytes"]
 
@@ -371,6 +374,38 @@ def test_a_cpu_plan_measures_this_hosts_malloc_by_a_real_step(tmp_path):
                            "precision": "bf16", "optimizer": "AdamW", "trainable_parameters": trainable}, heap["ran"]
     tensors = plan["tensor_peak_bytes"] - plan["weights_bytes"]
     assert tensors < 0.9 * measured, (tensors, measured)  # the default malloc's retention, which the line adds
+
+
+def test_the_real_step_is_forked_where_a_kernel_server_runs_and_leaves_nothing_in_its_scratch(tmp_path, monkeypatch):
+    """The plan's real step is `python -m workbench.plan.real_step` as usual, and through the kernel client (forked
+    from the server, the stack imported) where WORKBENCH_KERNEL_SERVER names one; the Trainer's output_dir is made in
+    --scratch and removed with the step."""
+    import tempfile
+
+    from workbench.plan import real_step
+    from workbench.plan.host_heap import real_step_command
+    from workbench.report.kernel_server import SERVER_ENV
+
+    monkeypatch.delenv(SERVER_ENV, raising=False)
+    assert real_step_command(tmp_path, {}, [], 32)[1:4] == ["-m", "workbench.plan.real_step", str(tmp_path)]
+    monkeypatch.setenv(SERVER_ENV, str(tmp_path / "server.sock"))
+    assert real_step_command(tmp_path, {}, [], 32, scratch=tmp_path / "s")[1:5] == [
+        "-m", "workbench.report.kernel_client", "--module", "workbench.plan.real_step"]
+    assert real_step_command(tmp_path, {}, [], 32, scratch=tmp_path / "s")[-2:] == ["--scratch", str(tmp_path / "s")]
+    folder = tiny_qwen2(tmp_path / "m")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    made = []
+    real_directory = tempfile.TemporaryDirectory
+
+    def recorded(*args, **kwargs):
+        made.append(kwargs.get("dir"))
+        return real_directory(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", recorded)
+    assert real_step.main([str(folder), json.dumps({"per_device_train_batch_size": 2}), "--seq", "16", "--steps", "1",
+                           "--scratch", str(scratch)]) == 0
+    assert made == [str(scratch)] and not list(scratch.iterdir())
 
 
 @pytest.mark.slow

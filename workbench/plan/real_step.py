@@ -3,7 +3,7 @@ process, on a model built from the same config with random weights, and the resi
 loaded model is read from the kernel (`ru_maxrss`, against VmRSS once the model is built). Used by `make bench` and
 the tests to hold the planner to what a run does.
 
-    python -m workbench.plan.real_step CONFIG_DIR ARGS_JSON [ADAPTER_CONFIG.json] --seq N
+    python -m workbench.plan.real_step CONFIG_DIR ARGS_JSON [ADAPTER_CONFIG.json] --seq N [--scratch DIR]
     -> {"weights_bytes": …, "rss_before_bytes": …, "peak_rss_bytes": …, "above_weights_bytes": …, "seconds": …,
         "ran": {"batch", "seq", "steps", "packed", "gradient_checkpointing", "precision", "optimizer",
                 "trainable_parameters"}}
@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, required=True)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--packed", action="store_true", help="no padded position (the plan's --packed)")
+    parser.add_argument("--scratch", help="the folder the Trainer's output_dir is made in, and removed from "
+                        "(default: the system's temporary folder)")
     args = parser.parse_args(argv)
 
     import gc
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
              "attention_mask": [1] * (args.seq - padded) + [0] * padded}
             for i in range(batch * args.steps * int(fields.get("gradient_accumulation_steps", 1)))]
     # the Trainer's output_dir (nothing is saved into it): removed with the step
-    with tempfile.TemporaryDirectory(prefix="workbench-real-step-") as out:
+    with tempfile.TemporaryDirectory(prefix="workbench-real-step-", dir=args.scratch) as out:
         training = TrainingArguments(output_dir=out, max_steps=args.steps, report_to=[], save_strategy="no",
                                      logging_strategy="no", use_cpu=True, dataloader_num_workers=0,
                                      disable_tqdm=True, **fields)
