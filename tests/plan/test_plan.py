@@ -6,7 +6,6 @@ import copy
 import json
 import math
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -309,21 +308,22 @@ def test_json_has_the_issue_fields_and_a_budget_gives_the_largest_batch_and_togg
 
 @pytest.mark.slow
 def test_the_plan_is_within_ten_percent_of_a_real_trainer_step_with_glibc_threshold_fixed(tmp_path):
-    """A real transformers.Trainer, two steps, a fresh process: resident memory above the loaded model. glibc's
+    """A real transformers.Trainer, two steps, a process of its own: resident memory above the loaded model. glibc's
     dynamic mmap threshold makes a default process keep freed activations (docs/plan.md); fixed, resident memory
-    follows the live tensors the plan counts."""
-    import os
+    follows the live tensors the plan counts. Fixed by mallopt in the step's process (tests/plan/fixed_threshold_step.py:
+    what MALLOC_MMAP_THRESHOLD_=131072 sets as a process starts), so that it can be forked from the worker's kernel
+    server like the plan's own real step."""
+    from workbench.plan.host_heap import real_step_command
 
     folder = tiny_qwen2(tmp_path / "m", layers=4, hidden=256, vocab=16000)
     adapter = lora_file(tmp_path)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    real = subprocess.run([sys.executable, "-m", "workbench.plan.real_step", str(folder),
-                           json.dumps({"per_device_train_batch_size": 8}), str(adapter), "--seq", "256"],
-                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "TMPDIR": str(scratch)})
+    command = real_step_command(folder, {"per_device_train_batch_size": 8}, [str(adapter)], 256, scratch=scratch)
+    command[command.index("workbench.plan.real_step")] = "tests.plan.fixed_threshold_step"
+    real = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert real.returncode == 0, real.stderr
-    assert not list(scratch.glob("workbench-real-step-*"))  # the Trainer's output_dir went with the step
+    assert not list(scratch.iterdir())  # the Trainer's output_dir went with the step
     measured = json.loads(real.stdout.strip().splitlines()[-1])["above_weights_bytes"]
     planned = plan_of(folder, peft=str(adapter), seq=256, batch=8, device="cpu")
     above = planned.peak_bytes - planned.weights_bytes
