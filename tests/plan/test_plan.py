@@ -376,22 +376,30 @@ def test_a_cpu_plan_measures_this_hosts_malloc_by_a_real_step(tmp_path):
     assert tensors < 0.9 * measured, (tensors, measured)  # the default malloc's retention, which the line adds
 
 
-def test_the_real_step_is_forked_where_a_kernel_server_runs_and_leaves_nothing_in_its_scratch(tmp_path, monkeypatch):
+def test_the_real_step_is_forked_where_a_kernel_server_runs(tmp_path, monkeypatch):
     """The plan's real step is `python -m workbench.plan.real_step` as usual, and through the kernel client (forked
-    from the server, the stack imported) where WORKBENCH_KERNEL_SERVER names one; the Trainer's output_dir is made in
-    --scratch and removed with the step."""
-    import tempfile
-
-    from workbench.plan import real_step
+    from the server, the stack imported) where WORKBENCH_KERNEL_SERVER names one."""
     from workbench.plan.host_heap import real_step_command
     from workbench.report.kernel_server import SERVER_ENV
 
     monkeypatch.delenv(SERVER_ENV, raising=False)
     assert real_step_command(tmp_path, {}, [], 32)[1:4] == ["-m", "workbench.plan.real_step", str(tmp_path)]
     monkeypatch.setenv(SERVER_ENV, str(tmp_path / "server.sock"))
-    assert real_step_command(tmp_path, {}, [], 32, scratch=tmp_path / "s")[1:5] == [
-        "-m", "workbench.report.kernel_client", "--module", "workbench.plan.real_step"]
-    assert real_step_command(tmp_path, {}, [], 32, scratch=tmp_path / "s")[-2:] == ["--scratch", str(tmp_path / "s")]
+    served = real_step_command(tmp_path, {"per_device_train_batch_size": 2}, ["a.json"], 32, scratch=tmp_path / "s")
+    assert served[1:] == ["-m", "workbench.report.kernel_client", "--module", "workbench.plan.real_step",
+                          str(tmp_path), '{"per_device_train_batch_size": 2}', "a.json", "--seq", "32", "--scratch",
+                          str(tmp_path / "s")]
+
+
+@pytest.mark.slow
+def test_the_real_step_makes_the_trainers_output_dir_in_its_scratch_folder_and_removes_it(tmp_path, monkeypatch):
+    """`real_step --scratch DIR`: the Trainer's output_dir is made in DIR (the plan's own temporary folder, which a
+    forked step cannot be given as TMPDIR: the server refuses an environment that differs there) and goes with the
+    step."""
+    import tempfile
+
+    from workbench.plan import real_step
+
     folder = tiny_qwen2(tmp_path / "m")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
