@@ -160,3 +160,57 @@ def plan_70b_seconds(tmp: Path, repeats: int) -> list[float]:
                        timeout=1800, stdin=subprocess.DEVNULL, check=False)
         out.append(time.perf_counter() - start)
     return out
+
+
+def forked_step_rows(tmp: Path, runs: int) -> tuple[list[dict], list[dict], str]:
+    """The plan's real step (`host_heap.real_step_command`) forked from a kernel server against the same step in a
+    fresh process, `runs` of each in turn, on the bench's LoRA r16 set-up at batch 4 × 256: ([{"seconds", "rise"}]
+    forked, the same fresh, a note). The server is started here, in this process' environment (the offline
+    settings the CLI makes), as a sweep or `diagnose --jobs` starts theirs."""
+    from workbench.plan.host_heap import real_step_command
+    from workbench.report.kernel_server import SERVER_ENV
+    from workbench.runtime import environment_as_found, quiet_and_offline
+
+    quiet_and_offline()
+    os.environ.pop(SERVER_ENV, None)  # the fresh runs: no server of another's
+    model = write_model(tmp / "model-fork")
+    adapter = tmp / "adapter_config.json"
+    adapter.write_text(json.dumps(LORA))
+    fields, seq = {"per_device_train_batch_size": 4}, 256
+    socket_path, log_path = tmp / "server.sock", tmp / "server.log"
+    with open(log_path, "wb") as log:  # what it forked, or why it refused
+        server = subprocess.Popen([PY, "-m", "workbench.report.kernel_server", str(socket_path)], cwd=ROOT,
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not socket_path.exists():  # bound once the server's imports are done
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the kernel server did not start")
+            time.sleep(0.1)
+        forked, fresh = [], []
+        for _ in range(runs):
+            for served, into in ((True, forked), (False, fresh)):
+                # the command as the plan builds it in a process that a server serves, or in one without
+                with environment_as_found({SERVER_ENV: str(socket_path)} if served else {}):
+                    command = real_step_command(model, fields, [str(adapter)], seq, scratch=tmp)
+                    start = time.perf_counter()
+                    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1800,
+                                          stdin=subprocess.DEVNULL)
+                    seconds = time.perf_counter() - start
+                if proc.returncode != 0:
+                    raise RuntimeError(f"the real step failed:\n{proc.stderr[-2000:]}")
+                result = json.loads(proc.stdout.strip().splitlines()[-1])
+                into.append({"seconds": seconds, "rise": result["above_weights_bytes"]})
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    log = log_path.read_text(errors="replace")
+    if log.count("forked workbench.plan.real_step") != runs:  # a refused step ran fresh: no comparison
+        raise RuntimeError(f"the kernel server did not fork every step: {log[-2000:]}")
+
+    def span(rows: list[dict]) -> str:
+        return f"{min(r['rise'] for r in rows) / MIB:,.0f}–{max(r['rise'] for r in rows) / MIB:,.0f}"
+
+    note = (f"resident rise above the weights, MiB: forked {span(forked)}, fresh {span(fresh)} "
+            f"({runs} runs each, in turn)")
+    return forked, fresh, note

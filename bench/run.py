@@ -911,6 +911,8 @@ def main() -> None:
                         "(cases/NNN.txt and labels.jsonl, kept outside the project)")
     parser.add_argument("--only-plan", action="store_true",
                         help="just `workbench plan`: planned vs a real Trainer step on four set-ups, a 70B-shaped plan")
+    parser.add_argument("--only-plan-fork", action="store_true",
+                        help="just the plan's real step forked from a kernel server against a fresh process")
     parser.add_argument("--only-sweep", action="store_true",
                         help="just workbench sweep: 8 members local, --jobs 2 and on Ray (bench/sweep_bench.py)")
     parser.add_argument("--only-glibc-trace", action="store_true",
@@ -1009,6 +1011,18 @@ def main() -> None:
                 "| family | real, glibc default | planned | planned tensors | plan time |\n|---|---|---|---|---|\n"
                 + "\n".join(families))
         report("plan", "`workbench plan`: planned against a real Trainer step", rows, note)
+        return
+    if args.only_plan_fork:
+        from plan_bench import forked_step_rows
+
+        with tempfile.TemporaryDirectory(prefix="workbench-bench-") as tmp:
+            forked, fresh, note = forked_step_rows(Path(tmp), max(2, args.repeats // 2))
+        row(rows, "the plan's real step (`workbench plan --device cpu`'s malloc measurement), 90M Qwen2 + LoRA r16, "
+                  "batch 4 × 256: forked from a kernel server (a sweep's, `diagnose --jobs`') vs a fresh process",
+            forked, fresh, note)
+        report("plan-fork", "The plan's real step where a kernel server runs", rows,
+               "The forked step imports nothing (the server did); what it measures is the step's resident rise, "
+               "which must not differ from a fresh process's (`workbench/plan/host_heap.py`).")
         return
     if args.only_sweep:
         from sweep_bench import sweep_rows
