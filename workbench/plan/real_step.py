@@ -1,7 +1,9 @@
-"""The real thing the plan predicts, measured: a real `transformers.Trainer` runs the same steps on the CPU, in a fresh
-process, on a model built from the same config with random weights, and the resident memory it reaches above the
-loaded model is read from the kernel (`ru_maxrss`, against VmRSS once the model is built). Used by `make bench` and
-the tests to hold the planner to what a run does.
+"""The real thing the plan predicts, measured: a real `transformers.Trainer` runs the same steps on the CPU, in a
+process of its own (fresh, or forked from a kernel server: `host_heap.real_step_command`), on a model built from the
+same config with random weights, and the resident memory it reaches above the loaded model is read from the kernel
+(`ru_maxrss`, against VmRSS once the model is built). A forked process' `ru_maxrss` starts from its own resident size
+at the fork, not from the server's peak (read in one: 373 MB, its server's 493 MB), so the rise is the step's either
+way. Used by `make bench` and the tests to hold the planner to what a run does.
 
     python -m workbench.plan.real_step CONFIG_DIR ARGS_JSON [ADAPTER_CONFIG.json] --seq N [--scratch DIR]
     -> {"weights_bytes": …, "rss_before_bytes": …, "peak_rss_bytes": …, "above_weights_bytes": …, "seconds": …,
