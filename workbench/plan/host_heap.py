@@ -19,8 +19,8 @@ cores), and the server, which only imported, hands its child a malloc that retai
 Measured side by side, four runs each, on this project's 2-core host: 713–738 MiB fresh against 732 MiB forked (4
 layers, hidden 256, batch 8 × 256), 291–322 against 298–313 MiB (the tests' LoRA set-up, batch 8 × 256, two hours),
 13 against 18 MiB (2 layers, hidden 64, batch 2 × 32: 2.8 MiB of anonymous rise in both, 11.7 against 17.1 MiB of
-file pages); on the bench's 90M Qwen2 with LoRA r16, batch 4 × 256, 1,019 MiB forked against 1,021–1,036 MiB
-fresh, 4.2 s against 11.2 s (`make bench --only-plan-fork`, bench/RESULTS.md). The forked child's few MiB more are
+file pages); on the bench's 90M Qwen2 with LoRA r16, batch 4 × 256, 1,001 MiB forked against 1,004–1,044 MiB
+fresh, 3.9 s against 10.2 s (`make bench --only-plan-fork`, bench/RESULTS.md). The forked child's few MiB more are
 code pages: fork copies no page table entry of a read-only file mapping, so the library pages the server had
 touched count again when the step touches them. A `MALLOC_*` variable the server was not started with (glibc reads
 them as a process starts) makes it refuse, and the step starts fresh.
