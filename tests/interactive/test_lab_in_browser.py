@@ -8,6 +8,7 @@ import time
 
 import pytest
 from headless_chromium import NEEDS_CHROMIUM, SCREENSHOTS, launched_chromium
+from repo import quick_python_path
 
 pytestmark = [pytest.mark.slow, *NEEDS_CHROMIUM]
 
@@ -30,7 +31,9 @@ def test_jupyterlab_opens_the_panel_and_diagnoses_the_demo_with_a_click(demo, br
     # a copy of the notebooks: JupyterLab autosaves what it opens (the panel's output, the kernel's metadata), which
     # must not reach the committed notebooks (a slow click outlived the autosave interval and wrote into them)
     notebooks = shutil.copytree(NOTEBOOK_DIR, tmp_path / "notebooks")
-    with lab_server(notebooks, state_dir=tmp_path / "lab", env={"WORKBENCH_CACHE": str(demo.root.parent)}) as lab:
+    # JupyterLab's own process skips a slow optional import (tests/quick_site): what is tested is its page
+    env = {"WORKBENCH_CACHE": str(demo.root.parent), "PYTHONPATH": quick_python_path()}
+    with lab_server(notebooks, state_dir=tmp_path / "lab", env=env) as lab:
         page.goto(lab.url)
         # a shown cell: the notebooks open in turn, and a hidden tab's cells may come first in the page
         page.wait_for_selector(".jp-Notebook .jp-CodeCell:visible", timeout=90_000)

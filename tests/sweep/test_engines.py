@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_sweep
+from repo import quick_python_path
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +34,6 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0",
            "RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
 START_TRIES = 3  # on a loaded 2-core machine Ray's raylet sometimes misses its own 30 s start-up deadline
 CRASH_ONCE = Path(__file__).with_name("crash_once")
-RAY_SITE = Path(__file__).with_name("ray_site")  # the cluster's processes skip a slow optional import
 CRASHED_MEMBER = "healthy"  # the first of three_runs
 
 
@@ -44,7 +44,7 @@ def local_ray_cluster():
     closing the helper's input, then by the ids of whatever that folder's session left (never `ray stop`, which
     stops every Ray on the machine). Its seven processes burn about 0.03 of a core while idle (the log monitor's
     polling, the raylet's and GCS's heartbeats): kept for the rest of the session, that was some 6 s of CPU. Its
-    processes import tests/sweep/ray_site's sitecustomize, and so do its workers (`ray_sweep`)."""
+    processes import tests/quick_site's sitecustomize, and so do its workers (`ray_sweep`)."""
     pytest.importorskip("ray")
     errors = []
     for _ in range(START_TRIES):
@@ -52,8 +52,7 @@ def local_ray_cluster():
         with (temp / "head.log").open("w") as log:  # a file, not a pipe nobody reads while the cluster runs
             head = subprocess.Popen([sys.executable, str(Path(__file__).with_name("ray_head.py")), str(temp)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                                    env={**os.environ, **RAY_ENV, "PYTHONPATH": os.pathsep.join(
-                                        filter(None, [str(RAY_SITE), os.environ.get("PYTHONPATH")]))})
+                                    env={**os.environ, **RAY_ENV, "PYTHONPATH": quick_python_path()})
         # the helper prints its address once the cluster is up, or exits
         line = next((out for out in head.stdout if out.startswith("ADDRESS ")), "")
         if line:
@@ -101,8 +100,7 @@ def ray_sweep(three_runs, tmp_path_factory):
     member is the one the local engine runs first, in its fresh kernel: whichever worker survives the crash starts
     its kernel for another member, one the local engine ran in its kept kernel."""
     reports = tmp_path_factory.mktemp("ray-sweep")
-    crash = {"PYTHONPATH": os.pathsep.join(filter(None, [str(CRASH_ONCE), str(RAY_SITE),
-                                                          os.environ.get("PYTHONPATH")])),
+    crash = {"PYTHONPATH": os.pathsep.join([str(CRASH_ONCE), quick_python_path()]),
              "WORKBENCH_CRASH_ONCE": str(reports / "crashed-once"), "WORKBENCH_CRASH_MEMBER": CRASHED_MEMBER}
     with local_ray_cluster() as address:
         sweep = run_sweep([*three_runs, "--notebooks", "00", "--engine", "ray", "--address", address], reports,

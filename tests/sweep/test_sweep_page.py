@@ -7,6 +7,7 @@ import re
 
 import pytest
 from headless_chromium import NEEDS_CHROMIUM, SCREENSHOTS, launched_chromium
+from repo import quick_python_path
 
 pytestmark = [pytest.mark.slow, *NEEDS_CHROMIUM]
 
@@ -49,7 +50,8 @@ def test_the_executed_comparison_notebook_reads_in_jupyterlab(local_sweep, tmp_p
 
     folder = local_sweep.folder
     members = [m["name"] for m in local_sweep.document["members"]]
-    with launched_chromium() as browser, lab_server(folder, state_dir=tmp_path / "lab") as lab:
+    with launched_chromium() as browser, lab_server(folder, state_dir=tmp_path / "lab",
+                                                    env={"PYTHONPATH": quick_python_path()}) as lab:
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
         page.goto(lab.notebook_url(f"{SWEEP_NOTEBOOK}.ipynb"))

@@ -53,7 +53,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
 def _run_the_sitecustomize_this_one_shadows() -> None:
     """Python imports one sitecustomize, the first on sys.path: this folder's hides the next one
-    (tests/sweep/ray_site's, which the test's Ray workers carry after it). That one runs as Python would have run
+    (tests/quick_site's, which the test's Ray workers carry after it). That one runs as Python would have run
     it."""
     import importlib.machinery
 
