@@ -36,3 +36,16 @@ def test_the_header_census_is_the_same_cold_and_cached_and_cached_imports_no_tor
     strip = lambda out: json.loads(out.rsplit("\n", 2)[0])["census"]  # noqa: E731
     assert strip(cold) == strip(warm) and {r["component"] for r in strip(warm)} >= {"vision", "language", "head"}
     assert list(tmp_path.glob("header-maps/*.json"))
+
+
+def test_a_built_demo_is_reused_without_importing_the_libraries_its_stamp_names(demo):
+    """`workbench diagnose` with no CKPT finds the demo built by its stamp, which names the transformers and peft it
+    was built with: read from their metadata, not by importing them (peft brings transformers, torch and
+    bitsandbytes: 6 s of the CLI's 8 s of CPU). Reused here, not rebuilt: the stamp this process reads equals the one
+    the session's build wrote in a test process that had imported them."""
+    code = ("import sys\nfrom pathlib import Path\nfrom workbench.demo.build import DemoPaths, build_demo\n"
+            "root = Path(%r)\nbefore = (root / 'DEMO_STAMP.json').stat().st_mtime_ns\n"
+            "assert isinstance(build_demo(root), DemoPaths)\n"
+            "assert (root / 'DEMO_STAMP.json').stat().st_mtime_ns == before, 'rebuilt'\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))" % str(demo.root))
+    assert run_python(code).strip() == "[]"
