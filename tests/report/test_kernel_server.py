@@ -116,6 +116,25 @@ def _listening_loop(tmp_path, first: str = ""):
     return server, path, env
 
 
+def test_a_stopped_server_removes_its_own_socket_file_and_no_other(tmp_path):
+    """Stopping, a server removes the socket file it bound; where that file was removed and another put at its path
+    (a second server's), it leaves that one and stops without an error."""
+    from tests.served_kernels import wait_for_socket
+
+    for replaced in (False, True):
+        server, path, _env = _listening_loop(tmp_path)
+        wait_for_socket(server, path)
+        if replaced:
+            os.unlink(path)
+            open(path, "w").close()  # noqa: SIM115 - another file at the path
+        server.terminate()
+        assert server.wait(timeout=60) == 0, server.log.read_text()
+        assert os.path.exists(path) == replaced, server.log.read_text()
+        assert "Traceback" not in server.log.read_text(), server.log.read_text()
+        if replaced:
+            os.unlink(path)
+
+
 def test_a_client_gone_before_its_answer_leaves_the_server_serving_and_no_process(tmp_path):
     """A client killed right after asking (jupyter_client stopping a kernel as it starts, a launcher killed outright)
     never reads its answer: the server (the listening loop, serving this environment) serves on — stopping, it took

@@ -176,6 +176,7 @@ class KernelServer:
         finally:
             os.umask(mask)
         listener.listen(64)
+        bound = os.stat(self.path).st_ino  # its own socket file: the one it removes when it stops
         self.listener = listener
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
@@ -194,7 +195,7 @@ class KernelServer:
             for pid in list(self.kernels):
                 _kill_group(pid)
             listener.close()
-            os.unlink(self.path)
+            _remove_if_same(self.path, bound)
 
     def _accept(self) -> None:
         try:
@@ -351,6 +352,16 @@ def _set_python_path(before: str, after: str) -> None:
     old = [os.path.abspath(p) for p in before.split(os.pathsep) if p]
     rest = [p for p in sys.path[1:] if p not in old]
     sys.path[:] = [os.getcwd(), *(os.path.abspath(p) for p in after.split(os.pathsep) if p), *rest]
+
+
+def _remove_if_same(path: str, inode: int) -> None:
+    """Remove the server's socket file, but not a file put at its path since (another server's, after someone
+    removed this one's), nor fail where it is gone already."""
+    try:
+        if os.stat(path).st_ino == inode:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _answer(conn: socket.socket, message: dict[str, Any]) -> bool:
