@@ -333,7 +333,7 @@ def test_the_plan_is_within_ten_percent_of_a_real_trainer_step_with_glibc_thresh
 def _real_rise(folder, fields, adapter, seq):
     """A real step's resident rise, run as the plan runs its own (`real_step_command`: forked from this worker's
     kernel server, where the suite runs one). A fresh process started from a worker late in a full `make test`
-    measured 602 and 618 MiB where every other run of this set-up, fresh or forked, measured 282–322 MiB (not
+    measured 602, 618 and 606 MiB where every other run of this set-up, fresh or forked, measured 282–322 MiB (not
     understood: the same environment replayed in a shell gives 282–296); the plan's bench (`make bench --only-plan-fork`)
     holds the forked step to fresh ones."""
     from workbench.plan.host_heap import real_step_command
