@@ -92,6 +92,26 @@ def config_dtype(config) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
+@contextlib.contextmanager
+def _values_not_drawn() -> Iterator[None]:
+    """transformers' own rule for a model built on the meta device, applied where accelerate put the parameters
+    there: `PreTrainedModel.init_weights` skips `initialize_weights` when the device in context is meta ("there is
+    no point in trying to run inits", transformers 5.23 modeling_utils.py:3103-3106), but init_empty_weights moves
+    each parameter to meta as it is registered, with no device context, so post_init would draw every weight's
+    initial values on meta tensors: 0.06 s of a 0.07 s skeleton of a 26-layer Llama, paid by each skeleton a
+    diagnosis builds. What init_weights does besides (tie_weights) still runs; the buffers keep the values their
+    modules' __init__ gave them. Patched on the class for the block only, as init_empty_weights patches
+    `nn.Module.register_parameter`: the same window, the same process-wide scope."""
+    from transformers import PreTrainedModel
+
+    drawing = PreTrainedModel.__dict__["initialize_weights"]
+    PreTrainedModel.initialize_weights = lambda self: None
+    try:
+        yield
+    finally:
+        PreTrainedModel.initialize_weights = drawing
+
+
 def meta_model(config, dtype: torch.dtype | None = None, quantization_config=None):
     """An empty model on the meta device, built as from_pretrained builds it (quantizer included, tied weights
     tied): no weight read.
@@ -103,7 +123,7 @@ def meta_model(config, dtype: torch.dtype | None = None, quantization_config=Non
     dtype = dtype or config_dtype(config)
     cls = model_class_for(config)
     hf_quantizer = None
-    with default_dtype(dtype), init_empty_weights():
+    with default_dtype(dtype), init_empty_weights(), _values_not_drawn():
         model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
         if quantization_config is not None:
             from transformers.quantizers import AutoHfQuantizer
