@@ -356,13 +356,13 @@ def sampled_peak(cmd: list[str]) -> dict:
             "seconds": time.perf_counter() - start}
 
 
-# Llama shapes of about 0.4, 1.3, 2.6 and 5.2 GB in bf16 (random weights): how a diagnosis' cost grows with size
+# Llama shapes of about 0.4, 1.3, 2.6 and 5.0 GB in bf16 (random weights): how a diagnosis' cost grows with size
 SCALING_SHAPES = {
     "0.4 GB": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16),
     "1.3 GB": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=12, num_attention_heads=16),
     "2.6 GB": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=26, num_attention_heads=16),
     # twice the depth again: where the curve goes past the issue's three sizes, every weight real
-    "5.2 GB": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=52, num_attention_heads=16),
+    "5.0 GB": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=52, num_attention_heads=16),
 }
 LOAD_AND_FORWARD = """
 import sys, torch, transformers
@@ -906,8 +906,8 @@ def main() -> None:
     parser.add_argument("--only-startup", action="store_true",
                         help="just --help and census as processes, and the CPU of the diagnose process itself")
     parser.add_argument("--only-scaling", action="store_true",
-                        help="just diagnose vs load + forward on 0.4 / 1.3 / 2.6 / 5.2 GB checkpoints and the 7B-shaped sparse one")
-    parser.add_argument("--sizes", nargs="*", help="with --only-scaling: some of 0.4 1.3 2.6 5.2 cold 7b (cold: the 2.6 "
+                        help="just diagnose vs load + forward on 0.4 / 1.3 / 2.6 / 5.0 GB checkpoints and the 7B-shaped sparse one")
+    parser.add_argument("--sizes", nargs="*", help="with --only-scaling: some of 0.4 1.3 2.6 5.0 cold 7b (cold: the 2.6 "
                         "GB one from a cold page cache, read ahead and not; 7b: the 7B-shaped sparse checkpoint)")
     parser.add_argument("--only-cold-cache", action="store_true",
                         help="just the 2.6 GB diagnosis from a cold page cache, the weights read ahead and not")
