@@ -464,8 +464,10 @@ def sparse_7b_row(rows: list, workdir: Path) -> None:
     ckpt = write_sparse_checkpoint(workdir / "sparse-7b-rows", rows_every=64)
     on_disk = sum(p.stat().st_blocks * 512 for p in ckpt.glob("*.safetensors"))
     apparent = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
-    # the naive way before the diagnosis and after it: reading 16.6 GB of holes costs what the page cache holds of
-    # them at that moment (30.5 s in one run, 19.9 s in the next), so one naive run alone made the ratio 1.8× or 3.0×
+    # the naive way before the diagnosis and after it, the page cache filled by an untimed one first, as the other
+    # sizes' runs find it: a first read of the freshly written checkpoint took 17.6 s, the one after the diagnosis
+    # 8.4 s (and with every weight a hole, 30.5 s in one run and 19.9 s in the next)
+    process_seconds([PY, "-c", LOAD_AND_FORWARD_VLM, str(ckpt)], 1)
     naive = process_seconds([PY, "-c", LOAD_AND_FORWARD_VLM, str(ckpt)], 1)
     run = watched([PY, "-m", "workbench", "diagnose", str(ckpt), "--reports-dir", str(workdir / "reports-7b")],
                   workdir / "diagnose-7b.log")
