@@ -457,7 +457,9 @@ CHECKS: tuple[Check, ...] = (
                   "named, not judged)",
           "fail": "trainable tensors get none, or 4-bit layers were handed over packed for CPU inference; the cause "
                   "named: reentrant checkpointing (also of a tower whose input needs no grad, trl #835), code that "
-                  "detaches them (its file:line), a backward that drops a gradient the loss depends on; or the step "
+                  "detaches them (its file:line), a backward that drops a gradient the loss depends on, all-zero tensors "
+                  "that hold each other's gradient at zero (two zero factors of one product, lora_A and lora_B both "
+                  "zero: none moves the loss alone, none can move first); or the step "
                   "raises in the model's own transformers code on any batch, a known incompatibility of the stack "
                   "(the raising file:line read from the traceback, the versions, the condition; the same step "
                   "without autocast run once to check the fix); zero gradients whose shift would copy more than "

@@ -81,3 +81,38 @@ def test_a_probes_tiny_twin_runs_no_pass_and_the_model_beside_it_still_counts():
         with torch.no_grad():
             model(input_ids=ids)
     assert (passes.forwards, passes.with_grad) == (1, 0)
+
+
+def test_a_part_of_a_model_run_alone_beside_the_whole_is_no_pass_of_its_own(family):
+    """A VLM's vision tower asked alone how many image tokens an image makes (the batch builder's count, before the
+    forward that accepts the batch) reads only the tower's weights: beside a forward of the whole model in the same
+    block it is not another full-model forward; alone in its block, it still counts."""
+    from workbench.model.setups import prepare_model
+    from workbench.model.target import resolve_target
+
+    model = prepare_model(resolve_target(str(family("llava")))).model.eval()
+    tower = model.model.vision_tower
+    size = model.config.vision_config.image_size
+    pixels = torch.zeros(1, 3, size, size, dtype=model.dtype)
+    ids = torch.arange(8).unsqueeze(0)
+    with counted_passes() as passes, torch.no_grad():
+        tower(pixels)
+        model(input_ids=ids)
+    assert (passes.forwards, passes.with_grad) == (1, 0)
+    with counted_passes() as passes, torch.no_grad():
+        tower(pixels)
+    assert passes.forwards == 1
+
+
+def test_a_model_and_the_peft_model_around_it_run_in_one_block_are_two_passes(tiny_llama):
+    from peft import LoraConfig, get_peft_model
+
+    ids = torch.arange(8).unsqueeze(0)
+    peft_model = get_peft_model(tiny_llama, LoraConfig(r=2, target_modules=["q_proj"]))
+    try:
+        with counted_passes() as passes, torch.no_grad():
+            peft_model(input_ids=ids)
+            peft_model.get_base_model()(input_ids=ids)                 # the same weights read again
+        assert passes.forwards == 2
+    finally:
+        peft_model.unload()

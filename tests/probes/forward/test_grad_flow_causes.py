@@ -353,3 +353,57 @@ def test_zero_gradients_too_large_to_shift_stay_unexplained_and_say_why(family, 
         "zero_gradients_not_explained"]
     after = dict(prepared.model.named_parameters())
     assert all(torch.equal(value, after[n].detach()) for n, value in before.items())
+
+
+@pytest.mark.parametrize("zeroed", [("down_proj",), ("o_proj", "down_proj"), ("up_proj", "down_proj")])
+def test_all_zero_tensors_that_hold_each_other_at_zero_fail_where_one_that_moves_first_is_named(family, zeroed):
+    """A weight left all zero holds back the gradients behind it until it moves (a zero `down_proj`, or LLaMA Pro's
+    zero `o_proj` and `down_proj` in an added block, each getting a gradient of its own): info, naming it. Two all-zero
+    factors of one product (`up_proj` and `down_proj`) each get an exactly zero gradient: neither moves the loss
+    alone, so neither can move first, and the block never trains: a fail naming both."""
+    prepared, target, layer, *_ = _llama(family)
+    modules = {"down_proj": layer.mlp.down_proj, "up_proj": layer.mlp.up_proj, "o_proj": layer.self_attn.o_proj}
+    with torch.no_grad():
+        for name in zeroed:
+            modules[name].weight.zero_()
+    result, finding = _finding(prepared, target)
+    names = {f"model.layers.0.{'self_attn' if n == 'o_proj' else 'mlp'}.{n}.weight" for n in zeroed}
+    by_name = {r.name: r for r in result.rows}
+    if zeroed != ("up_proj", "down_proj"):  # each zero tensor gets a gradient of its own: the first step moves it
+        assert finding.verdict == "info", (finding.title, finding.detail)
+        assert all(by_name[n].status == "ok" for n in names)
+        assert set(result.zero_factors) == names
+        return
+    assert finding.verdict == "fail", (finding.title, finding.detail)
+    assert {n for n, r in by_name.items() if r.cause == "mutual_zeros"} == names
+    assert by_name["model.layers.0.mlp.gate_proj.weight"].status == "zero"
+    assert "hold each other's gradient at zero" in finding.detail
+    assert all(n in finding.detail for n in names) and "initialize" in finding.fix.lower()
+
+
+@pytest.mark.parametrize("lora_a_zero", [False, True])
+def test_a_fresh_lora_is_normal_and_one_whose_lora_a_is_zero_too_never_trains(family, lora_a_zero):
+    """A fresh LoRA: lora_B starts at zero, so every lora_A gradient is exactly zero on the first step, and lora_B
+    gets one (normal, info). With lora_A zero too (an adapter saved or initialized as zeros), lora_B's gradient is
+    zero as well: neither moves first, and the adapter never trains (a fail naming them)."""
+    import dataclasses
+
+    from workbench.model.setups import add_fresh_lora
+
+    prepared, target, *_ = _llama(family)
+    prepared = dataclasses.replace(prepared, model=add_fresh_lora(prepared.model), setup="a fresh LoRA")
+    lora_a = {n: p for n, p in prepared.model.named_parameters() if ".lora_A." in n}
+    assert lora_a
+    if lora_a_zero:
+        with torch.no_grad():
+            for p in lora_a.values():
+                p.zero_()
+    result, finding = _finding(prepared, target)
+    causes = {r.cause for r in result.rows if r.status != "ok"}
+    if not lora_a_zero:
+        assert finding.verdict in ("pass", "info") and causes == {"lora_b_zero"}, (finding.title, finding.detail)
+        assert all(r.status == "ok" for r in result.rows if r.role == "lora_B")
+        return
+    assert finding.verdict == "fail", (finding.title, finding.detail)
+    assert {r.role for r in result.rows if r.cause == "mutual_zeros"} == {"lora_A", "lora_B"}
+    assert "hold each other's gradient at zero" in finding.detail

@@ -39,7 +39,7 @@ from workbench.model.memory import ResourceError
 from workbench.model.offload import offload_sentence, offloaded_parameters
 from workbench.probes.forward.gradient_causes import BENIGN, cause_of_cut, library_source, tower_of
 from workbench.probes.forward.known_crashes import known_crash, raising_frame
-from workbench.probes.forward.loss_dependence import loss_response, zero_factors_blocking
+from workbench.probes.forward.loss_dependence import loss_moves_with, loss_response, zero_factors_blocking
 from workbench.probes.forward.loss_reach import LossReachTracer, trainable_names
 
 WRAPPER_PREFIXES = re.compile(r"^(module\.)*(base_model\.model\.)?")
@@ -58,7 +58,8 @@ class GradRow:
     norm: float | None
     expected: str | None = None  # why this is normal (a key of gradient_causes.BENIGN), None when it is a break
     cause: str | None = None  # why no gradient came: a BENIGN key, or checkpoint_cut | code_cut | cut | untraced |
-    #                           loss_moves (zero although the loss moves with it)
+    #                           loss_moves (zero although the loss moves with it) | mutual_zeros (all zero, held
+    #                           at zero by other all-zero tensors that are held by it: none can move first)
     where: str | None = None  # the evidence: the cut's file:line, the modeling file whose design it is, the choice
     #                           a shift flips (file:line) or the padding_idx read
 
@@ -114,6 +115,17 @@ class GradFlowResult(ProbeResult):
                     "model.enable_input_require_grads() before training, or gradient_checkpointing_kwargs="
                     "{'use_reentrant': False}")
         causes = {r.cause for r in missing}
+        if "mutual_zeros" in causes:
+            names = [r.name for r in missing if r.cause == "mutual_zeros"]
+            first = names[0].removesuffix(".weight").removesuffix(".bias")
+            return (f"{len(names)} tensors all zero in this checkpoint hold each other's gradient at zero "
+                    f"({', '.join(names[:6])}{', …' if len(names) > 6 else ''}): each is a factor of the other's "
+                    "gradient, so none moves this batch's loss alone (shifted by 1 %, it stays bit-identical) and "
+                    "together they move it. None of them can move first: they never train, nor what they hold back",
+                    f"Initialize them with nonzero values before training — at most one factor of a product may "
+                    f"start at zero, as PEFT starts lora_B — e.g. torch.nn.init.normal_(model.get_submodule("
+                    f"'{first}').weight, std=0.02); if they come from a saved checkpoint, "
+                    "its weights were lost on the way (check how they were saved)")
         if "checkpoint_cut" in causes:
             names = [r.name for r in missing if r.cause == "checkpoint_cut"]
             tower = tower_of(names)
@@ -433,6 +445,21 @@ def _classified_rows(model: nn.Module, seen: dict, reach, classifier, has_pixels
 MAX_SEPARATE_CHECKS = 16  # zero-gradient tensors shifted one by one when shifting them together moves the loss
 
 
+def _mark_mutual_zeros(model: nn.Module, rows: list[GradRow], inputs: dict, autocast, params: dict,
+                       all_zero: set[str]) -> None:
+    """All-zero tensors whose own gradient is zero and that each leave the loss unmoved alone (`loss_independent`,
+    or a lora_A behind its zero lora_B), yet move it shifted together: the two factors of one product, each the
+    other's gradient. None of them can move first, so none ever trains: their cause becomes `mutual_zeros`, a break.
+    A zero gate whose own gradient is nonzero is not one of them: it moves on the first step and releases what it
+    holds (`zero_factors_blocking`)."""
+    stuck = [r for r in rows if r.name in all_zero and r.status == "zero"
+             and r.cause in ("loss_independent", "lora_b_zero")]
+    if len(stuck) < 2 or not loss_moves_with(model, inputs, loss_of, autocast, [params[r.name] for r in stuck]):
+        return
+    for r in stuck:
+        r.cause, r.expected, r.where = "mutual_zeros", None, None
+
+
 def _explain_zero_gradients(model: nn.Module, rows: list[GradRow], inputs: dict, autocast) -> list[str]:
     """Zero gradients not yet explained: the truth where the loss does not move with the tensor, else a break.
     Returns the all-zero trainable tensors shown to be what holds those gradients at zero."""
@@ -451,12 +478,14 @@ def _explain_zero_gradients(model: nn.Module, rows: list[GradRow], inputs: dict,
                    else "loss_independent")
         r.where = response.flipped_at
         r.expected = r.cause if r.cause in BENIGN else None
+    all_zero = {n for n, p in params.items() if p.is_floating_point() and not p.detach().any()}
+    _mark_mutual_zeros(model, rows, inputs, autocast, params, all_zero)
     independent = [r for r in zero if r.cause == "loss_independent"]
     if not independent:
         return []
     # the checkpoint's exact zeros (zero-initialized gates and scales) that multiply their contribution away
-    exact_zeros = {n: p for n, p in params.items() if p.is_floating_point() and not p.detach().any()
-                   and ".lora_B." not in n and n not in {r.name for r in zero}}
+    exact_zeros = {n: params[n] for n in sorted(all_zero) if ".lora_B." not in n and n not in {r.name for r in zero}
+                   and n not in {r.name for r in rows if r.cause == "mutual_zeros"}}
     held = [params[r.name] for r in independent]
 
     def blocking(names: list[str]) -> list[str]:
