@@ -379,6 +379,7 @@ def test_all_zero_tensors_that_hold_each_other_at_zero_fail_where_one_that_moves
     assert by_name["model.layers.0.mlp.gate_proj.weight"].status == "zero"
     assert "hold each other's gradient at zero" in finding.detail
     assert all(n in finding.detail for n in names) and "initialize" in finding.fix.lower()
+    assert any(f"model.get_parameter('{n}')" in finding.fix for n in names), finding.fix
 
 
 @pytest.mark.parametrize("lora_a_zero", [False, True])
