@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -131,9 +130,13 @@ def write_adapter(base: Path, out: Path, r: int = 8, targets: tuple[str, ...] = 
 
 
 if __name__ == "__main__":
-    every = int(sys.argv[sys.argv.index("--rows-every") + 1]) if "--rows-every" in sys.argv else None
-    where = [a for a in sys.argv[1:] if not a.startswith("--") and a != str(every)]
-    folder = write_sparse_checkpoint(Path(where[0] if where else "/tmp/workbench-sparse-7b"), every)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="/tmp/workbench-sparse-7b")
+    parser.add_argument("--rows-every", type=int, help="write the values a model that trains needs (module docstring)")
+    args = parser.parse_args()
+    folder = write_sparse_checkpoint(Path(args.out), args.rows_every)
     apparent = sum(p.stat().st_size for p in folder.iterdir())
     on_disk = sum(p.stat().st_blocks * 512 for p in folder.iterdir())
     print(f"{folder}: {apparent / 1e9:.1f} GB apparent, {on_disk / 1e6:.1f} MB on disk")

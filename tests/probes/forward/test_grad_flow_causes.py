@@ -378,6 +378,7 @@ def test_all_zero_tensors_that_hold_each_other_at_zero_fail_where_one_that_moves
     assert {n for n, r in by_name.items() if r.cause == "mutual_zeros"} == names
     assert by_name["model.layers.0.mlp.gate_proj.weight"].status == "zero"
     assert "hold each other's gradient at zero" in finding.detail
+    assert "2 more get an exactly zero gradient while they are zero" in finding.detail  # gate_proj and the norm
     assert all(n in finding.detail for n in names) and "initialize" in finding.fix.lower()
     assert any(f"model.get_parameter('{n}')" in finding.fix for n in names), finding.fix
 

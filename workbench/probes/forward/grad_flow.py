@@ -117,10 +117,14 @@ class GradFlowResult(ProbeResult):
         causes = {r.cause for r in missing}
         if "mutual_zeros" in causes:
             names = [r.name for r in missing if r.cause == "mutual_zeros"]
+            # the zero gradients read as the loss's own indifference: behind these zeros, or by design
+            behind = [r.name for r in self.rows if r.cause == "loss_independent"]
+            more = (f"; {len(behind)} more get an exactly zero gradient while they are zero, the loss not moving "
+                    f"with them alone (e.g. {behind[0]})" if behind else "")
             return (f"{len(names)} tensors all zero in this checkpoint hold each other's gradient at zero "
                     f"({', '.join(names[:6])}{', …' if len(names) > 6 else ''}): each is a factor of the other's "
                     "gradient, so none moves this batch's loss alone (shifted by 1 %, it stays bit-identical) and "
-                    "together they move it. None of them can move first: they never train, nor what they hold back",
+                    f"together they move it. None of them can move first: they never train{more}",
                     f"Initialize them with nonzero values before training — at most one factor of a product may "
                     f"start at zero, as PEFT starts lora_B — e.g. torch.nn.init.normal_(model.get_parameter("
                     f"'{names[0]}'), std=0.02); if they come from a saved checkpoint, "
