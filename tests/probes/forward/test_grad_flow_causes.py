@@ -409,3 +409,60 @@ def test_a_fresh_lora_is_normal_and_one_whose_lora_a_is_zero_too_never_trains(fa
     assert finding.verdict == "fail", (finding.title, finding.detail)
     assert {r.role for r in result.rows if r.cause == "mutual_zeros"} == {"lora_A", "lora_B"}
     assert "hold each other's gradient at zero" in finding.detail
+
+
+class ZeroPairBehindDrop(nn.Module):
+    """An MLP plus a side branch of two all-zero factors (`b(a(x))`) behind a backward that drops the gradient:
+    shifted together they move the loss, yet no shift gives them a gradient."""
+
+    def __init__(self, inner, hidden, dtype):
+        super().__init__()
+        self.inner = inner
+        self.a = nn.Linear(hidden, hidden, bias=False, dtype=dtype)
+        self.b = nn.Linear(hidden, hidden, bias=False, dtype=dtype)
+        with torch.no_grad():
+            self.a.weight.zero_()
+            self.b.weight.zero_()
+
+    def forward(self, x):
+        return self.inner(x) + DropGradient.apply(self.b(self.a(x)))
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_too_many_zero_gradients_to_shift_each_alone_are_told_apart_by_one_step_with_the_zeros_shifted(
+        family, monkeypatch, drop):
+    """Over MAX_SEPARATE_CHECKS zero gradients (a checkpoint whose MLPs were all zeroed: two per layer, each the
+    other's gradient), each is not shifted alone: one training step runs with the all-zero ones shifted together.
+    Two all-zero factors (`up_proj`, `down_proj`) both get a gradient there: held by each other's zeros, a fail
+    naming them, with what they hold (`gate_proj`, the norm) named as behind them. The same pair behind a backward
+    that drops the gradient gets none there: it stays a dropped gradient, and no weight is left moved."""
+    import workbench.probes.forward.grad_flow as grad_flow
+
+    monkeypatch.setattr(grad_flow, "MAX_SEPARATE_CHECKS", 1)  # the tiny Llama has a few zero gradients, not 17
+    prepared, target, layer, hidden, dtype = _llama(family)
+    if drop:
+        layer.mlp = ZeroPairBehindDrop(layer.mlp, hidden, dtype)
+        names = {"model.layers.0.mlp.a.weight", "model.layers.0.mlp.b.weight"}
+    else:
+        with torch.no_grad():
+            layer.mlp.up_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        names = {"model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"}
+    before = {n: p.detach().clone() for n, p in prepared.model.named_parameters()}
+    result, finding = _finding(prepared, target)
+    by_name = {r.name: r for r in result.rows}
+    assert all(by_name[n].status == "zero" for n in names)
+    assert finding.verdict == "fail", (finding.title, finding.detail)
+    if drop:
+        assert {by_name[n].cause for n in names} == {"loss_moves"}, [by_name[n] for n in names]
+        assert "custom autograd.Function" in finding.detail
+    else:
+        assert {n for n, r in by_name.items() if r.cause == "mutual_zeros"} == names
+        assert {n for n, r in by_name.items() if r.cause == "behind_zeros"} == {
+            "model.layers.0.mlp.gate_proj.weight", "model.layers.0.post_attention_layernorm.weight"}
+        assert "hold each other's gradient at zero" in finding.detail
+        assert "a nonzero one in a training step run with them shifted together" in finding.detail
+        assert "2 more get an exactly zero gradient while these are zero" in finding.detail
+        assert any(f"model.get_parameter('{n}')" in finding.fix for n in names), finding.fix
+    after = dict(prepared.model.named_parameters())
+    assert all(torch.equal(value, after[n].detach()) for n, value in before.items())  # shifts put back exactly

@@ -39,7 +39,7 @@ from workbench.model.memory import ResourceError
 from workbench.model.offload import offload_sentence, offloaded_parameters
 from workbench.probes.forward.gradient_causes import BENIGN, cause_of_cut, library_source, tower_of
 from workbench.probes.forward.known_crashes import known_crash, raising_frame
-from workbench.probes.forward.loss_dependence import loss_moves_with, loss_response, zero_factors_blocking
+from workbench.probes.forward.loss_dependence import loss_moves_with, loss_response, shifted, zero_factors_blocking
 from workbench.probes.forward.loss_reach import LossReachTracer, trainable_names
 
 WRAPPER_PREFIXES = re.compile(r"^(module\.)*(base_model\.model\.)?")
@@ -116,15 +116,22 @@ class GradFlowResult(ProbeResult):
                     "{'use_reentrant': False}")
         causes = {r.cause for r in missing}
         if "mutual_zeros" in causes:
-            names = [r.name for r in missing if r.cause == "mutual_zeros"]
+            mutual = [r for r in missing if r.cause == "mutual_zeros"]
+            names = [r.name for r in mutual]
+            # found by one step with them shifted (too many zero gradients to shift each alone), or alone
+            released = mutual[0].where is not None
             # the zero gradients read as the loss's own indifference: behind these zeros, or by design
-            behind = [r.name for r in self.rows if r.cause == "loss_independent"]
-            more = (f"; {len(behind)} more get an exactly zero gradient while they are zero, the loss not moving "
-                    f"with them alone (e.g. {behind[0]})" if behind else "")
+            behind = [r.name for r in self.rows if r.cause == ("behind_zeros" if released else "loss_independent")]
+            more = (f"; {len(behind)} more get an exactly zero gradient while " +
+                    ("these are zero, and one once these are shifted" if released else
+                     "they are zero, the loss not moving with them alone") + f" (e.g. {behind[0]})" if behind else "")
+            how = ("each gets an exactly zero gradient while they are zero and a nonzero one in a training step run "
+                   "with them shifted together by 1 % (too many zero gradients to shift each alone)" if released else
+                   "each is a factor of the other's gradient, so none moves this batch's loss alone (shifted by 1 %, "
+                   "it stays bit-identical) and together they move it")
             return (f"{len(names)} tensors all zero in this checkpoint hold each other's gradient at zero "
-                    f"({', '.join(names[:6])}{', …' if len(names) > 6 else ''}): each is a factor of the other's "
-                    "gradient, so none moves this batch's loss alone (shifted by 1 %, it stays bit-identical) and "
-                    f"together they move it. None of them can move first: they never train{more}",
+                    f"({', '.join(names[:6])}{', …' if len(names) > 6 else ''}): {how}. None of them can move "
+                    f"first: they never train{more}",
                     f"Initialize them with nonzero values before training — at most one factor of a product may "
                     f"start at zero, as PEFT starts lora_B — e.g. torch.nn.init.normal_(model.get_parameter("
                     f"'{names[0]}'), std=0.02); if they come from a saved checkpoint, "
@@ -166,7 +173,7 @@ class GradFlowResult(ProbeResult):
                                         cause: [{"name": r.name, "where": r.where} for r in rows][:40]
                                         for cause, rows in grouped.items()
                                         if cause in ("selection_only", "library_no_grad", "loss_independent",
-                                                     "choice_only", "padding_row_only")}}
+                                                     "choice_only", "padding_row_only", "behind_zeros")}}
         if self.zero_factors:
             evidence["zero_factors"] = self.zero_factors[:40]
         if self.not_asked:
@@ -362,8 +369,7 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
         if not math.isfinite(loss_value):  # NaN != NaN: every shift would read as "the loss moves"
             raise FloatingPointError(f"the loss of this batch is {loss_value} (every label masked, or the forward "
                                      "overflowed), so no gradient verdict is possible")
-        with _seeded(model), (fp32_half_matmul(slow_half_dtypes_of(model, compute_dtype_of(model)))
-                              if device_type_of(model) == "cpu" else contextlib.nullcontext()) as promoted:
+        with _seeded(model), _backward_kernels(model) as promoted:
             loss.backward()
     except Exception as exc:  # noqa: BLE001 - e.g. "element 0 of tensors does not require grad"
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -448,6 +454,59 @@ def _classified_rows(model: nn.Module, seen: dict, reach, classifier, has_pixels
 MAX_SEPARATE_CHECKS = 16  # zero-gradient tensors shifted one by one when shifting them together moves the loss
 
 
+def _backward_kernels(model: nn.Module):
+    """Where the step's backward runs: on a CPU without native half-precision GEMM, its half products in fp32."""
+    if device_type_of(model) != "cpu":
+        return contextlib.nullcontext()
+    return fp32_half_matmul(slow_half_dtypes_of(model, compute_dtype_of(model)))
+
+
+def _nonzero_gradients_when_shifted(model: nn.Module, inputs: dict, autocast, moved: list[nn.Parameter],
+                                    watched: dict[int, str]) -> set[str]:
+    """The names of `watched` (id of a parameter -> its name) whose gradient is nonzero in one training step run
+    with the tensors `moved` shifted together (`loss_dependence.shifted`: put back bit for bit after). Each gradient
+    is read as it is accumulated, then dropped."""
+    nonzero: set[str] = set()
+
+    def record(param):
+        name = watched.get(id(param))
+        if name is not None and _gradient_norm(param.grad.detach())[0] == "ok":
+            nonzero.add(name)
+        param.grad = None
+
+    handles = [p.register_post_accumulate_grad_hook(record) for p in model.parameters() if p.requires_grad]
+    try:
+        with shifted(moved), _seeded(model):
+            with autocast():
+                loss = loss_of(model(**inputs))
+            with _backward_kernels(model):
+                loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.zero_grad(set_to_none=True)
+    return nonzero
+
+
+def _mark_held_by_zeros(model: nn.Module, zero: list[GradRow], inputs: dict, autocast, params: dict,
+                        all_zero: set[str]) -> None:
+    """Too many zero gradients to shift each alone (over MAX_SEPARATE_CHECKS), the loss moving with them shifted
+    together: one training step is run with the all-zero tensors among them shifted together instead. A tensor whose
+    gradient is nonzero there has a backward that works, and its zero gradient is held by those zeros:
+    `mutual_zeros` where it is one of them (none of them can move first), `behind_zeros` where it is not. A tensor
+    still without a gradient there stays `loss_moves`."""
+    stuck = [r for r in zero if r.name in all_zero]
+    if len(stuck) < 2:
+        return
+    released = _nonzero_gradients_when_shifted(model, inputs, autocast, [params[r.name] for r in stuck],
+                                               {id(params[r.name]): r.name for r in zero})
+    for r in zero:
+        if r.name in released:
+            r.cause = "mutual_zeros" if r.name in all_zero else "behind_zeros"
+            r.where = f"a gradient once the {len(stuck)} all-zero tensors among them are shifted together"
+            r.expected = r.cause if r.cause in BENIGN else None
+
+
 def _mark_mutual_zeros(model: nn.Module, rows: list[GradRow], inputs: dict, autocast, params: dict,
                        all_zero: set[str]) -> None:
     """All-zero tensors whose own gradient is zero and that each leave the loss unmoved alone (`loss_independent`,
@@ -471,7 +530,8 @@ def _explain_zero_gradients(model: nn.Module, rows: list[GradRow], inputs: dict,
     if not zero:
         return []
     together = loss_response(model, inputs, loss_of, autocast, [params[r.name] for r in zero])
-    if (not together.moves and not together.flipped_at) or not 1 < len(zero) <= MAX_SEPARATE_CHECKS:
+    too_many = len(zero) > MAX_SEPARATE_CHECKS
+    if (not together.moves and not together.flipped_at) or too_many or len(zero) == 1:
         responses = {r.name: together for r in zero}
     else:
         responses = {r.name: loss_response(model, inputs, loss_of, autocast, [params[r.name]]) for r in zero}
@@ -482,6 +542,8 @@ def _explain_zero_gradients(model: nn.Module, rows: list[GradRow], inputs: dict,
         r.where = response.flipped_at
         r.expected = r.cause if r.cause in BENIGN else None
     all_zero = {n for n, p in params.items() if p.is_floating_point() and not p.detach().any()}
+    if too_many and together.moves:
+        _mark_held_by_zeros(model, zero, inputs, autocast, params, all_zero)
     _mark_mutual_zeros(model, rows, inputs, autocast, params, all_zero)
     independent = [r for r in zero if r.cause == "loss_independent"]
     if not independent:

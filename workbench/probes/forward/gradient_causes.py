@@ -33,6 +33,8 @@ BENIGN = {
     "loss_independent": "get an exactly zero gradient because this batch's loss does not move with them (shifted "
                         "by 1 %, the loss stays bit-identical): their contribution is masked, overwritten or "
                         "multiplied by zero",
+    "behind_zeros": "get an exactly zero gradient while all-zero tensors of this checkpoint are zero, and a nonzero "
+                    "one once those are shifted: their backward works, those zeros hold it",
     "choice_only": "get an exactly zero gradient and the loss moves with them only across a discrete choice: a 1 % "
                    "shift flips which expert is picked or what a threshold masks, and a smaller shift that flips "
                    "none leaves the loss bit-identical, so it is flat between choices and zero is the true gradient "

@@ -98,7 +98,7 @@ def _loss(model: nn.Module, inputs: dict, loss_of: Callable, autocast: contextli
 
 
 @contextlib.contextmanager
-def _shifted(params: Sequence[nn.Parameter], floor: float = 0.0, step: float = RELATIVE_STEP):
+def shifted(params: Sequence[nn.Parameter], floor: float = 0.0, step: float = RELATIVE_STEP):
     """Each tensor moved by a seeded random step of `step` times its mean magnitude (at least `floor`, and at least
     `step / 10` absolute). Yields the share of elements that changed (the rest round back in low precision).
     ResourceError where the copy kept to put them back would take more than half the free memory: only a model
@@ -128,7 +128,7 @@ def loss_moves_with(model: nn.Module, inputs: dict, loss_of: Callable,
                     params: Sequence[nn.Parameter]) -> bool:
     """True when shifting `params` together changes this batch's loss."""
     before = _loss(model, inputs, loss_of, autocast())
-    with _shifted(params):
+    with shifted(params):
         after = _loss(model, inputs, loss_of, autocast())
     return after != before
 
@@ -144,16 +144,16 @@ def loss_response(model: nn.Module, inputs: dict, loss_of: Callable,
         before = _loss(model, inputs, loss_of, autocast())
     flipped_at = None
     for step in (RELATIVE_STEP, *SMALLER_STEPS):
-        with _shifted(params, step=step) as changed:
+        with shifted(params, step=step) as changed:
             if step != RELATIVE_STEP and changed < MIN_CHANGED:
                 break
-            with _DiscreteChoices(unshifted.fingerprints) as shifted:
+            with _DiscreteChoices(unshifted.fingerprints) as choices:
                 after = _loss(model, inputs, loss_of, autocast())
         if after == before:
             return LossResponse(False, flipped_at)
-        if shifted.flip() is None:
+        if choices.flip() is None:
             return LossResponse(True)
-        flipped_at = flipped_at or shifted.flip()
+        flipped_at = flipped_at or choices.flip()
     return LossResponse(True)
 
 
@@ -164,5 +164,5 @@ def zero_factors_blocking(model: nn.Module, inputs: dict, loss_of: Callable,
     zeros of this checkpoint are what keeps the gradient of `params` at zero."""
     if not zeros:
         return False
-    with _shifted(zeros, floor=RELATIVE_STEP):
+    with shifted(zeros, floor=RELATIVE_STEP):
         return loss_moves_with(model, inputs, loss_of, autocast, params)
