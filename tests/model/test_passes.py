@@ -116,3 +116,24 @@ def test_a_model_and_the_peft_model_around_it_run_in_one_block_are_two_passes(ti
         assert passes.forwards == 2
     finally:
         peft_model.unload()
+
+
+def test_the_cost_block_reads_a_steps_forwards_once_the_part_run_beside_the_whole_is_dropped(family, tmp_path):
+    """The recorder writes each step's forwards as its block ends, after the tower's count beside the whole
+    model's forward is dropped: notebook 01's islands step of a VLM without a processor said 2."""
+    from workbench.model.setups import prepare_model
+    from workbench.model.target import resolve_target
+    from workbench.recorder import FindingsRecorder
+
+    model = prepare_model(resolve_target(str(family("llava")))).model.eval()
+    size = model.config.vision_config.image_size
+
+    def count_then_accept():
+        with torch.no_grad():
+            model.model.vision_tower(torch.zeros(1, 3, size, size, dtype=model.dtype))
+            model(input_ids=torch.arange(8).unsqueeze(0))
+
+    recorder = FindingsRecorder(tmp_path / "findings.json", notebook="01_dtype_distribution")
+    recorder.run(count_then_accept, step="islands")
+    assert (recorder.step_seconds["islands"]["forwards"], recorder.step_seconds["islands"]["forwards_with_grad"]) \
+        == (1, 0), recorder.step_seconds["islands"]
