@@ -32,6 +32,7 @@ from workbench.model.finiteness import all_finite
 from workbench.model.forward import labels_how, logits_of, run_forward, with_labels
 from workbench.model.inputs import candidate_inputs
 from workbench.model.memory import free_memory
+from workbench.model.tracer import DtypeTracer
 
 _ACCEPTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {inputs file: AcceptedBatch}
 
@@ -84,24 +85,28 @@ def _summary(out) -> tuple[str, tuple, bool] | None:
 
 
 def _runs(model: nn.Module, inputs: dict) -> tuple[str | None, tuple[str, tuple, bool] | None,
-                                                  ActivationPeaks | None]:
-    """(None, its logits' dtype, shape and finiteness, its activation peaks) when one eval forward runs without
-    autocast; (None, None, None) when it runs only under autocast; else (the first exception, None, None)."""
+                                                  ActivationPeaks | None, DtypeTracer | None]:
+    """(None, its logits' dtype, shape and finiteness, its activation peaks, its dtype tracer) when one eval forward
+    runs without autocast; (None, None, None, None) when it runs only under autocast; else (the first exception,
+    None, None, None). The tracer is kept with the batch's eval / no-autocast cell: the islands' containment trace
+    reads it instead of running that forward again."""
     keep_training_layout(model)  # an eval forward must not repack 4-bit weights for CPU inference
     was_training = model.training
     model.eval()
     try:
         first = None
         for context in ("no autocast", "autocast"):
-            with recorded_peaks(model) if context == "no autocast" else contextlib.nullcontext(None) as peaks:
+            plain = context == "no autocast"
+            with (recorded_peaks(model) if plain else contextlib.nullcontext(None)) as peaks, \
+                    (DtypeTracer(model) if plain else contextlib.nullcontext(None)) as tracer:
                 out, exc = run_forward(model, inputs, context, compute_dtype_of(model))
             if exc is None:
-                return (None, _summary(out), peaks) if context == "no autocast" else (None, None, None)
+                return (None, _summary(out), peaks, tracer) if plain else (None, None, None, None)
             if isinstance(exc, torch.OutOfMemoryError):
                 free_memory()
                 raise ForwardOutOfMemory(f"out of memory: {str(exc)[:300]}") from exc
             first = first or f"{type(exc).__name__}: {str(exc)[:300]}"
-        return first, None, None
+        return first, None, None, None
     finally:
         model.train(was_training)
 
@@ -118,18 +123,18 @@ def accepted_batch(model: nn.Module, target) -> AcceptedBatch:
             rejected.append((how, build_error or ""))
             continue
         labeled = with_labels(model, inputs)
-        error, output, peaks = _runs(model, labeled)
+        error, output, peaks, tracer = _runs(model, labeled)
         if error is None:
             batch = AcceptedBatch(inputs, labeled, f"{how}; {labels_how(model, labeled)}", rejected)
         elif labeled is not inputs and (unlabeled := _runs(model, inputs))[0] is None:
             batch = AcceptedBatch(inputs, inputs, f"{how}; labels not accepted ({error}): loss from the outputs",
                                   rejected)
-            output, peaks = unlabeled[1], unlabeled[2]
+            output, peaks, tracer = unlabeled[1:]
         else:
             rejected.append((how, error))
             continue
         if output is not None:  # it ran without autocast
-            batch.forwards[("eval", "no autocast")] = (output, "the forward that accepted the batch", None)
+            batch.forwards[("eval", "no autocast")] = (output, "the forward that accepted the batch", tracer)
         batch.peaks = peaks if peaks is not None and peaks.complete else None
         _ACCEPTED.setdefault(model, {})[inputs_file] = batch
         return batch
@@ -149,6 +154,15 @@ def remember_forward(model: nn.Module, target, inputs: dict, mode: str, context:
         summary = _summary(output)
     if summary is not None:
         batch.forwards[(mode, context)] = (summary, by, tracer)
+
+
+def remembered_tracer(model: nn.Module, inputs: dict, mode: str, context: str):
+    """The dtype tracer of a forward already run in (`mode`, `context`) on `inputs`, the labeled inputs of a batch
+    accepted for `model` (`AcceptedBatch.forwards`); None where no such forward ran under one."""
+    for batch in _ACCEPTED.get(model, {}).values():
+        if batch.labeled is inputs:
+            return batch.forwards.get((mode, context), (None, None, None))[2]
+    return None
 
 
 def target_inputs(model: nn.Module, target, labels: bool = True) -> tuple[dict, str]:

@@ -1,7 +1,7 @@
 import torch
 
 from workbench.model.loading import load_pretrained
-from workbench.model.setups import qlora
+from workbench.model.setups import prepare_model, qlora
 from workbench.probes.dtype.islands import fp32_islands
 
 
@@ -56,3 +56,28 @@ def test_legacy_trl_casting_mixes_fp32_norms_with_a_bf16_head_and_warns(demo):
     assert any((i.intentional or "").startswith("contained: Linear4bit") for i in report.islands)
     assert "peft_module_casting_to_bf16" in finding.detail
     assert any("lm_head" in n or "embed_tokens" in n for n in finding.evidence["half_precision_parameters"])
+
+
+def test_the_containment_trace_is_the_accepting_forwards_and_judges_as_one_of_its_own(tmp_path):
+    """CodeGen's fp32 `embed_positions` (a table its attention computes with and casts back) is asked of a traced
+    eval forward without autocast: the forward that accepted the diagnosis batch is that cell, traced as it ran, so
+    the islands step runs no second one, and judges as a forward traced for it alone does."""
+    from workbench.architectures.checkpoints import build_tiny_checkpoint
+    from workbench.architectures.model_types import architectures
+    from workbench.model.batch import target_inputs
+    from workbench.model.passes import counted_passes
+    from workbench.model.target import resolve_target
+    from workbench.probes.dtype.probes import fp32_island_probe
+
+    folder = build_tiny_checkpoint(next(a for a in architectures() if a.model_type == "codegen"), tmp_path)
+    target = resolve_target(str(folder))
+    prepared = prepare_model(target)
+    with counted_passes() as passes:
+        report = fp32_island_probe(prepared, target)
+    assert passes.forwards == 1  # the accepting forward, its trace read by the containment question
+    inputs, _how = target_inputs(prepared.model, target)
+    with counted_passes() as passes:  # another dict of the same tensors: no trace remembered for it, one of its own
+        fresh = fp32_islands(prepared.model, inputs=dict(inputs))
+    assert passes.forwards == 1
+    assert [(i.name, i.intentional) for i in report.islands] == [(i.name, i.intentional) for i in fresh.islands]
+    assert report.islands and all(i.intentional.startswith("contained: CodeGenAttention") for i in report.islands)

@@ -5,9 +5,10 @@ Three questions, cheapest first:
 - `returns_input_dtype`: a norm-like or `in_features` module, called on a tiny input of the compute dtype, hands
   the compute dtype back (Gemma 3's RMSNorm computes in fp32 and returns `output.type_as(x)`; bitsandbytes'
   Linear4bit casts its fp32 bias).
-- `traced_containment`: in one eval forward of the diagnosis batch without autocast, the module that holds the
-  tensor returns the compute dtype whenever it is given it (Zamba's Mamba mixer uses `-torch.exp(A_log.float())`
-  and returns bf16; CodeGen's attention computes with its fp32 `embed_positions` and casts back). A module that
+- `traced_containment`: in one eval forward of the diagnosis batch without autocast (the forward that accepted the
+  batch, traced as it ran: `batch.remembered_tracer`), the module that holds the tensor returns the compute dtype
+  whenever it is given it (Zamba's Mamba mixer uses `-torch.exp(A_log.float())` and returns bf16; CodeGen's
+  attention computes with its fp32 `embed_positions` and casts back). A module that
   takes no floating input (a sinusoid table indexed by positions) is judged by the nearest module above it that
   does: the one consuming its output (Canary's decoder casts `pos_emb` to the embeddings' dtype).
 - `class_built_dtypes`: the dtype the model's own class gives each buffer in a load of the compute dtype, built
@@ -22,6 +23,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from workbench.model.batch import remembered_tracer
 from workbench.model.dtypes import dtype_name
 from workbench.model.forward import run_forward
 from workbench.model.loading import default_dtype
@@ -88,13 +90,15 @@ def traced_containment(model: nn.Module, inputs: dict, compute_dtype: torch.dtyp
     activations. A forward that raises judges nothing (nothing is known to be contained), but says what it
     reached."""
     name = dtype_name(compute_dtype)
-    was_training = model.training
-    model.eval()
-    try:
-        with DtypeTracer(model) as tracer:
-            _out, exc = run_forward(model, inputs, "no autocast", compute_dtype)
-    finally:
-        model.train(was_training)
+    tracer, exc = remembered_tracer(model, inputs, "eval", "no autocast"), None  # the accepting forward's, traced
+    if tracer is None:
+        was_training = model.training
+        model.eval()
+        try:
+            with DtypeTracer(model) as tracer:
+                _out, exc = run_forward(model, inputs, "no autocast", compute_dtype)
+        finally:
+            model.train(was_training)
     called: set[str] = set()
     fed: set[str] = set()  # modules called with at least one floating tensor
     kept: dict[str, bool] = {}  # per module: every call given the compute dtype returned only the compute dtype
