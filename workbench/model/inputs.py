@@ -65,7 +65,8 @@ def candidate_inputs(model, folder: str | Path, text: str = "What is in this ima
     """Batches that may fit the model, best first, each with how it was made (`workbench.model.batch` keeps the
     first the model accepts). The user's tensors (a safetensors file named by the parameters' `forward_inputs`)
     are the only candidate when given. Else, by the model's `main_input_name` and head: for a VLM, image + text
-    through the checkpoint's tokenizer and image processor (a red 224x224 test image), its saved processor, the
+    through the checkpoint's tokenizer and image processor (a red test image: `multimodal_inputs.sample_image`, 224x224
+    or the smallest a Qwen2-VL-style processor takes), its saved processor, the
     image-processor class transformers maps to the model type with the model's own image-token count, or the
     config's sizes (`workbench.model.multimodal_inputs`); for speech (`input_features` / `input_values`, also a
     SpeechEncoderDecoder's), the mapped feature extractor; then text through the checkpoint's tokenizer; then
@@ -74,7 +75,6 @@ def candidate_inputs(model, folder: str | Path, text: str = "What is in this ima
     Candidate without inputs, with its error. Image and audio tensors come in the model's floating
     dtype. Labels are added separately (`with_labels`), to fit the head."""
     import torch
-    from PIL import Image
 
     from workbench.model import multimodal_inputs as mm
     from workbench.model.components import unwrap_model
@@ -110,20 +110,29 @@ def candidate_inputs(model, folder: str | Path, text: str = "What is in this ima
                         f"the tensors in {inputs_file} ({', '.join(inputs)})")
         return
     tokenizer, image_processor = load_vlm_parts(folder)
-    image = Image.new("RGB", (224, 224), color="red")
+    image = mm.sample_image()
     if head_kind(model) == "image_text_to_text" or getattr(config, "vision_config", None) is not None:
         image_token = mm.token_id(config, "image_token_id", "image_token_index")
         if tokenizer is not None and image_processor is not None and hasattr(image_processor, "merge_size"):
-            yield from attempt("the checkpoint's tokenizer and image processor", lambda: (
-                vlm_inputs(tokenizer, image_processor, image, text),
-                "image + text (a red 224x224 image and a question, through the checkpoint's tokenizer and processor)"))
+            def through_parts():
+                small = mm.sample_image(image_processor)
+                return (vlm_inputs(tokenizer, image_processor, small, text),
+                        f"image + text (a red {small.width}x{small.height} image and a question, through the "
+                        "checkpoint's tokenizer and processor)")
+
+            yield from attempt("the checkpoint's tokenizer and image processor", through_parts)
         if tokenizer is not None and image_processor is not None:
             from workbench.model.loading import load_processor
 
-            yield from attempt("the checkpoint's processor", lambda: (
-                None if (built := processor_vlm_inputs(load_processor(folder), image, text, image_token)) is None
-                else (built, "image + text (a red 224x224 image and a question, through the checkpoint's processor)")))
-        yield from attempt("the mapped image processor", lambda: mm.vlm_inputs_from_image_processor(inner, config, image))
+            def through_processor():
+                processor = load_processor(folder)
+                small = mm.sample_image(getattr(processor, "image_processor", None))
+                built = processor_vlm_inputs(processor, small, text, image_token)
+                return None if built is None else (built, f"image + text (a red {small.width}x{small.height} image "
+                                                          "and a question, through the checkpoint's processor)")
+
+            yield from attempt("the checkpoint's processor", through_processor)
+        yield from attempt("the mapped image processor", lambda: mm.vlm_inputs_from_image_processor(inner, config))
         yield from attempt("the config's image sizes", lambda: mm.vlm_inputs_from_config(inner, config))
         yield from attempt("the mapped image processor, no image token",
                            lambda: mm.image_beside_text(inner, config, image))

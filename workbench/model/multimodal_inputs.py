@@ -1,6 +1,8 @@
 """Image + text and audio inputs for a model that ships no processor (a Trainer checkpoint often holds none), built
 from the model's own contract rather than from a list of families.
 
+- `sample_image`: the red square every VLM batch is built from: 224x224, or for a processor whose output grows with
+  the image (Qwen2-VL's `smart_resize` and its kin) the smallest it takes, at most that (`smallest_side`).
 - `vlm_inputs_from_image_processor`: the image-processor class transformers maps to the model type, built with its
   defaults (the original checkpoint's image size and normalization), turns a test image into the tensors the model
   takes (`pixel_values`, `image_grid_thw`, `pixel_attention_mask`, `image_sizes`, ...); the model's own
@@ -102,6 +104,40 @@ def companion_ids(model, config, n: int = 12) -> dict[str, torch.Tensor]:
     return out
 
 
+TEST_IMAGE_SIDE = 224  # the test image's side: a processor of a fixed size resizes the red square to its own
+
+
+def smallest_side(image_processor) -> int:
+    """The side of the square test image for `image_processor`: TEST_IMAGE_SIDE, or, for a processor that keeps the
+    image's resolution in merged patches (Qwen2-VL's `smart_resize` and its kin: a `merge_size`, an
+    `image_grid_thw` out), the side of what it makes of the smallest image (one merged patch, enlarged by the
+    processor to its least pixel count: 56x56 for Qwen2-VL), where that is smaller. Every pass of a diagnosis runs
+    on this image, and the checks read dtypes, gradients and crashes, which do not grow with it: for Qwen2-VL
+    224x224 is 256 patches and 64 image tokens, 56x56 16 patches and 4 (grad.flow's step on the 7B-shaped bench
+    checkpoint: 24 s → 10-11 s on this project's CPU)."""
+    from PIL import Image
+
+    merge, patch = getattr(image_processor, "merge_size", None), getattr(image_processor, "patch_size", None)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (merge, patch)):
+        return TEST_IMAGE_SIDE
+    try:
+        tiny = Image.new("RGB", (patch * merge,) * 2, color="red")
+        grid = image_processor(images=[tiny], return_tensors="pt")["image_grid_thw"][0].tolist()
+    except Exception:  # noqa: BLE001 - a processor that takes no such image, or says no grid: the default square
+        return TEST_IMAGE_SIDE
+    if len(grid) != 3 or grid[1] != grid[2] or grid[1] < 1:
+        return TEST_IMAGE_SIDE
+    return min(TEST_IMAGE_SIDE, grid[1] * patch)
+
+
+def sample_image(image_processor=None):
+    """The red square test image for `image_processor` (`smallest_side`; TEST_IMAGE_SIDE without one)."""
+    from PIL import Image
+
+    side = smallest_side(image_processor) if image_processor is not None else TEST_IMAGE_SIDE
+    return Image.new("RGB", (side, side), color="red")
+
+
 def _mapped_instance(mapping: dict, model_type: str):
     """The first class of an auto-mapping entry that this install can build (PIL before torchvision variants),
     built with its defaults (the original checkpoint's sizes and normalization)."""
@@ -159,14 +195,16 @@ def _feature_rows(features: Any) -> int:
     raise TypeError(f"get_image_features returned {type(features).__name__}")
 
 
-def vlm_inputs_from_image_processor(model, config, image) -> tuple[dict, str] | None:
+def vlm_inputs_from_image_processor(model, config, image=None) -> tuple[dict, str] | None:
     """Image + text through the image-processor class mapped to the model type and the model's own
-    `get_image_features` (module docstring). None when no class is mapped or the model has no such method."""
+    `get_image_features` (module docstring); `image` defaults to that processor's `sample_image`. None when no class is
+    mapped or the model has no such method."""
     inner = unwrap_model(model)[0]
     image_token = token_id(config, "image_token_id", "image_token_index")
     processor = mapped_image_processor(config)
     if processor is None or image_token is None or not hasattr(inner, "get_image_features"):
         return None
+    image = sample_image(processor) if image is None else image
     vision = {**dict(processor(images=[image], return_tensors="pt", **_tower_size(processor, config))),
               **companion_ids(inner, config)}
     takes = set(inspect.signature(inner.get_image_features).parameters)
