@@ -65,10 +65,10 @@ def candidate_inputs(model, folder: str | Path, text: str = "What is in this ima
     """Batches that may fit the model, best first, each with how it was made (`workbench.model.batch` keeps the
     first the model accepts). The user's tensors (a safetensors file named by the parameters' `forward_inputs`)
     are the only candidate when given. Else, by the model's `main_input_name` and head: for a VLM, image + text
-    through the checkpoint's tokenizer and image processor (a red test image: `multimodal_inputs.sample_image`, 224x224
-    or the smallest a Qwen2-VL-style processor takes), its saved processor, the
-    image-processor class transformers maps to the model type with the model's own image-token count, or the
-    config's sizes (`workbench.model.multimodal_inputs`); for speech (`input_features` / `input_values`, also a
+    through the checkpoint's tokenizer and image processor (a red test image, `multimodal_inputs.sample_image`:
+    224x224, or the smallest a Qwen2-VL-style processor takes), its saved processor, the image-processor class
+    transformers maps to the model type with the model's own image-token count, or the config's sizes
+    (`workbench.model.multimodal_inputs`); for speech (`input_features` / `input_values`, also a
     SpeechEncoderDecoder's), the mapped feature extractor; then text through the checkpoint's tokenizer; then
     random token ids, alone, then with what the forward takes beside them (layout boxes, language ids:
     `beside_token_inputs`), then once per codebook (`codebook_ids`). A builder that cannot build yields a
