@@ -147,6 +147,7 @@ class FindingsRecorder(Displayable):
                         {"depends_on": dep.step, "depends_on_checks": list(dep.checks)}, "Fix the step it depends on.")
                 for c in checks])
             return Failed(step, msg, checks=checks)
+        entry, passes = None, None
         try:
             with counted_passes() as passes, \
                     (step_peak_rss() if self.step_peaks else contextlib.nullcontext([None])) as peak:
@@ -154,11 +155,12 @@ class FindingsRecorder(Displayable):
                 try:
                     result = self._call(func, args, kwargs, step, declared, checks)
                 finally:  # the step's own time, the probe and the judgment of its result (a re-run replaces it)
-                    self.step_seconds[step] = {"step": step, "checks": list(checks),
-                                               "seconds": round(time.perf_counter() - started, 3)}
+                    entry = self.step_seconds[step] = {"step": step, "checks": list(checks),
+                                                       "seconds": round(time.perf_counter() - started, 3)}
         finally:  # its full-model forwards, read once the block has ended: as it ends, `counted_passes` drops the
             # part of a model run beside the whole (a VLM's vision tower counting image tokens)
-            self.step_seconds[step].update(forwards=passes.forwards, forwards_with_grad=passes.with_grad)
+            if entry is not None:
+                entry.update(forwards=passes.forwards, forwards_with_grad=passes.with_grad)
         if peak[0] is not None:  # read as the block ends
             self.step_seconds[step]["peak_rss_bytes"] = peak[0]
         return result

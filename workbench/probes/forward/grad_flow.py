@@ -122,9 +122,11 @@ class GradFlowResult(ProbeResult):
             released = mutual[0].where is not None
             # the zero gradients read as the loss's own indifference: behind these zeros, or by design
             behind = [r.name for r in self.rows if r.cause == ("behind_zeros" if released else "loss_independent")]
-            more = (f"; {len(behind)} more get an exactly zero gradient while " +
-                    ("these are zero, and one once these are shifted" if released else
-                     "they are zero, the loss not moving with them alone") + f" (e.g. {behind[0]})" if behind else "")
+            more = ""
+            if behind:
+                why = ("these are zero, and one once these are shifted" if released else
+                       "they are zero, the loss not moving with them alone")
+                more = f"; {len(behind)} more get an exactly zero gradient while {why} (e.g. {behind[0]})"
             how = ("each gets an exactly zero gradient while they are zero and a nonzero one in a training step run "
                    "with them shifted together by 1 % (too many zero gradients to shift each alone)" if released else
                    "each is a factor of the other's gradient, so none moves this batch's loss alone (shifted by 1 %, "
@@ -300,6 +302,20 @@ def _lora_b_is_zero(model: nn.Module, a_name: str) -> bool:
     return b_name in params and not bool(params[b_name].detach().abs().sum())
 
 
+def _read_gradients(model: nn.Module, read) -> list:
+    """Hooks that hand each trainable tensor's gradient to `read(name, (status, norm))` (`_gradient_norm`) as it is
+    accumulated, then drop it: a full fine-tune would otherwise hold a second model-sized buffer of gradients just
+    so that we can look at them. Returns the hooks' handles, to remove."""
+    handles = []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            def record(param, name=name):
+                read(name, _gradient_norm(param.grad.detach()))
+                param.grad = None
+            handles.append(p.register_post_accumulate_grad_hook(record))
+    return handles
+
+
 @contextlib.contextmanager
 def _seeded(model: nn.Module):
     """The step's dropout and layerdrop draws fixed, the global random state restored after: which layers a
@@ -340,16 +356,8 @@ def grad_flow_probe(prepared, target) -> GradFlowResult:
     model.train()
     model.zero_grad(set_to_none=True)
     loss_value, error, promoted, crash, raised_at, not_asked = None, None, None, None, None, None
-    # read each gradient as it is accumulated, then drop it: a full fine-tune would otherwise hold a second
-    # model-sized buffer of gradients just so that we can look at them
-    seen: dict[str, tuple[str, float]] = {}
-    handles = []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            def record(param, name=name):
-                seen[name] = _gradient_norm(param.grad.detach())
-                param.grad = None
-            handles.append(p.register_post_accumulate_grad_hook(record))
+    seen: dict[str, tuple[str, float]] = {}  # each trainable tensor's (status, norm), read as it is accumulated
+    handles = _read_gradients(model, seen.__setitem__)
     # how each trainable tensor reaches the loss, traced op by op: for those that get no gradient, the cause
     tracer = LossReachTracer(trainable_names(model.named_parameters()))
     reach = None
@@ -461,20 +469,11 @@ def _backward_kernels(model: nn.Module):
     return fp32_half_matmul(slow_half_dtypes_of(model, compute_dtype_of(model)))
 
 
-def _nonzero_gradients_when_shifted(model: nn.Module, inputs: dict, autocast, moved: list[nn.Parameter],
-                                    watched: dict[int, str]) -> set[str]:
-    """The names of `watched` (id of a parameter -> its name) whose gradient is nonzero in one training step run
-    with the tensors `moved` shifted together (`loss_dependence.shifted`: put back bit for bit after). Each gradient
-    is read as it is accumulated, then dropped."""
+def _nonzero_gradients_when_shifted(model: nn.Module, inputs: dict, autocast, moved: list[nn.Parameter]) -> set[str]:
+    """The names of the trainable tensors (normalized) whose gradient is nonzero in one training step run with the
+    tensors `moved` shifted together (`loss_dependence.shifted`: put back bit for bit after)."""
     nonzero: set[str] = set()
-
-    def record(param):
-        name = watched.get(id(param))
-        if name is not None and _gradient_norm(param.grad.detach())[0] == "ok":
-            nonzero.add(name)
-        param.grad = None
-
-    handles = [p.register_post_accumulate_grad_hook(record) for p in model.parameters() if p.requires_grad]
+    handles = _read_gradients(model, lambda name, got: nonzero.add(normalize_name(name)) if got[0] == "ok" else None)
     try:
         with shifted(moved), _seeded(model):
             with autocast():
@@ -498,8 +497,7 @@ def _mark_held_by_zeros(model: nn.Module, zero: list[GradRow], inputs: dict, aut
     stuck = [r for r in zero if r.name in all_zero]
     if len(stuck) < 2:
         return
-    released = _nonzero_gradients_when_shifted(model, inputs, autocast, [params[r.name] for r in stuck],
-                                               {id(params[r.name]): r.name for r in zero})
+    released = _nonzero_gradients_when_shifted(model, inputs, autocast, [params[r.name] for r in stuck])
     for r in zero:
         if r.name in released:
             r.cause = "mutual_zeros" if r.name in all_zero else "behind_zeros"
