@@ -146,13 +146,28 @@ def test_members_in_series_share_one_kernel_and_report_what_a_kernel_of_their_ow
     # Ray: one kernel started per worker process that ran members, the rest kept
     ray_kernels = {n: kernels(ray_sweep, n) for n in names}
     workers = {ray_sweep.member_report(n)["cost"]["sweep"]["host"] for n in names}
-    assert set(ray_kernels.values()) <= {(1, False), (0, True)}, ray_kernels
-    assert sum(started for started, _ in ray_kernels.values()) == len(workers), (ray_kernels, workers)
+    restarted = _kernel_logs(ray_sweep, [n for n, (started, _) in ray_kernels.items() if started > 1])
+    assert set(ray_kernels.values()) <= {(1, False), (0, True)}, (ray_kernels, restarted)
+    assert sum(started for started, _ in ray_kernels.values()) == len(workers), (ray_kernels, workers, restarted)
     # how many workers ran members is Ray's timing (a survivor may run every member in turn); whichever ran first
     # in a surviving worker is a member the local engine kept: the kept kernel held to a fresh one
     assert any(kernels(local_sweep, n) == (0, True) and ray_kernels[n] == (1, False) for n in names), ray_kernels
     index = (local_sweep.folder / "members" / names[1] / "index.html").read_text()
     assert "the kernel of the previous diagnosis, kept and reset" in index
+
+
+def _kernel_logs(sweep, names: list[str]) -> dict[str, str]:
+    """The end of each named member's kernel.log (every kernel its diagnosis started wrote there: why one ended) and
+    of this worker's kernel server's log (what it forked and refused): the evidence when a member started a second
+    kernel, which no member here should."""
+    from tests.served_kernels import running
+
+    member = {m["name"]: m for m in sweep.document["members"]}
+    logs = {n: (sweep.folder / member[n]["report"] / "kernel.log").read_text(errors="replace")[-1500:] for n in names}
+    server = running()
+    if names and server is not None and server.log.exists():
+        logs["kernel server"] = server.log.read_text(errors="replace")[-1500:]
+    return logs
 
 
 def test_a_worker_killed_mid_sweep_is_retried_and_its_member_reported(ray_sweep):
