@@ -440,11 +440,11 @@ def fitted_curve(medians: list[tuple[float, float, float]]) -> str:
     return (f"Fitted over the {len(medians)} Llama sizes (least squares on the medians): a diagnosis takes "
             f"{ours_fixed:.1f} s + {ours_slope:.2f} s/GB, the load + forward {naive_fixed:.1f} s + "
             f"{naive_slope:.2f} s/GB. The fixed parts are mostly each process' imports of the stack (the diagnosis' "
-            f"kernel imports peft, bitsandbytes and the Trainer too, and runs ten notebooks). Per GB, the load + "
-            f"forward reads the weights once, in its forward (the load maps them); a diagnosis reads them in its four forwards (eval "
-            f"and train, with autocast and without, each run once and shared) and its one backward (which also writes "
-            f"every gradient and reads it for its norm). On this CPU those reads are the size-bound cost, so the ratio "
-            f"tends to {ours_slope / naive_slope:.1f}× as the checkpoint grows (the slopes' ratio).")
+            "kernel imports peft, bitsandbytes and the Trainer too, and runs ten notebooks). Per GB, the load + "
+            "forward reads the weights once, in its forward (the load maps them); a diagnosis reads them in its four "
+            "forwards (eval and train, with autocast and without, each run once and shared) and its one backward "
+            "(which also writes every gradient and reads it for its norm). On this CPU those reads are the size-bound "
+            f"cost, so the ratio tends to {ours_slope / naive_slope:.1f}× as the checkpoint grows (the slopes' ratio).")
 
 
 LOAD_AND_FORWARD_VLM = LOAD_AND_FORWARD.replace("AutoModelForCausalLM", "AutoModelForImageTextToText")
