@@ -101,6 +101,42 @@ def test_a_server_whose_launcher_is_killed_outright_stops_and_removes_its_socket
     assert not os.path.exists(path)
 
 
+def test_a_launcher_killed_before_the_server_serves_still_stops_it(tmp_path):
+    """The server takes its launcher as it starts, not once its socket is bound: a launcher killed in between (the
+    test above kills it as soon as the socket appears; a loaded machine once let the server bind first and look at
+    its parent after, so that it took init for its launcher and served on) is still seen gone, and the server stops
+    and removes its socket. Here the launcher is killed after the server is made and before it serves, every time."""
+    path = str(tmp_path / "k.sock")
+    made = tmp_path / "made"
+    server_code = ("import os, sys, time\nfrom workbench.report.kernel_server import KernelServer\n"
+                   "server = KernelServer(sys.argv[1])\nparent = os.getppid()\nopen(sys.argv[2], 'w').close()\n"
+                   "while os.getppid() == parent:\n    time.sleep(0.05)\nserver.serve()\n"
+                   "open(sys.argv[2] + '.served', 'w').close()")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {server_code!r}, "
+         "sys.argv[1], sys.argv[2]], stdin=subprocess.DEVNULL)\ntime.sleep(600)", path, str(made)],
+        stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not made.exists():
+            assert launcher.poll() is None and time.monotonic() < deadline, "the server was never made"
+            time.sleep(0.05)
+        (server,) = psutil.Process(launcher.pid).children()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 30
+    try:
+        while _running(server):
+            assert time.monotonic() < deadline, "the server outlived the launcher killed before it served"
+            time.sleep(0.05)
+    finally:
+        if _running(server):  # serving on with nobody to ask it: not left behind by the test
+            server.kill()
+    assert (tmp_path / "made.served").exists()  # it served, saw its launcher gone and returned
+    assert not os.path.exists(path)
+
+
 def _listening_loop(tmp_path, first: str = ""):
     """A server's listening loop alone (no imports), serving its own environment, `first` run before it: (the
     process, with `log` set on it; its socket's path; the environment it serves)."""
@@ -243,6 +279,13 @@ def test_a_forked_process_goes_when_the_process_that_asked_for_it_is_killed(tmp_
         launcher.wait()
     _, alive = psutil.wait_procs([forked, client], timeout=60)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    # the server's log says which process it stopped and why, and how it ended once reaped
+    ended = f"kernel server: {forked.pid} ended (killed by SIGKILL)"
+    deadline = time.monotonic() + 60
+    while ended not in module_kernel_server.log.read_text():
+        assert time.monotonic() < deadline, module_kernel_server.log.read_text()[-2000:]
+        time.sleep(0.1)
+    assert f"kernel server: stopped {forked.pid}, its client went" in module_kernel_server.log.read_text()
 
 
 def started(tmp_path, env=None):
@@ -329,10 +372,13 @@ def test_a_forked_kernel_runs_its_exit_handlers_as_a_process_does(tmp_path, modu
         content, out = run(client, f"import atexit, os, pathlib\natexit.register(pathlib.Path({str(ran)!r}).write_text, "
                                    "'ran')\nprint(os.getppid())")
         assert content["status"] == "ok" and int(out) == module_kernel_server.pid, (content, out)  # forked
+        _, pid = run(client, "import os\nprint(os.getpid())")
     finally:
         client.stop_channels()
         km.shutdown_kernel()  # a shutdown request: the kernel ends itself
     assert ran.read_text() == "ran", module_kernel_server.log.read_text()[-3000:]
+    # reaped and logged before its client is told, and so before the shutdown returns
+    assert f"kernel server: {int(pid)} ended (exit 0)" in module_kernel_server.log.read_text()
 
 
 @pytest.mark.slow

@@ -142,6 +142,11 @@ class KernelServer:
         self.path = path
         self.base_env: dict[str, str] = {}
         self.kernels: dict[int, socket.socket | None] = {}  # child pid -> its client's connection (None: gone)
+        # the process that started it, taken as it starts: a launcher killed outright (a test worker, a shell) never
+        # sends the SIGTERM, and the server, reparented, would serve on with nobody to ask it (each one holds the
+        # stack's memory). Taken later (once the socket is bound), a launcher killed as soon as the socket appears
+        # could already be gone, the server's new parent taken for it, and the server would never stop
+        self.launcher = os.getppid()
 
     def prepare(self) -> None:
         """The environment it serves, then the imports. The variables a diagnosis sets for its kernels (offline,
@@ -180,11 +185,8 @@ class KernelServer:
         self.listener = listener
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
-        # the process that started it: a launcher killed outright (a test worker, a shell) never sends the SIGTERM,
-        # and the server, reparented, would serve on with nobody to ask it (each one holds the stack's memory)
-        launcher = os.getppid()
         try:
-            while not stop and os.getppid() == launcher:
+            while not stop and os.getppid() == self.launcher:
                 for key, _ in self.selector.select(timeout=0.1):
                     if key.fileobj is listener:
                         self._accept()
@@ -279,6 +281,7 @@ class KernelServer:
             if other is conn:
                 _kill_group(pid)  # reaped by _reap; nobody is left to tell
                 self.kernels[pid] = None
+                sys.stderr.write(f"kernel server: stopped {pid}, its client went\n")
         conn.close()
 
     def _reap(self) -> None:
@@ -290,6 +293,9 @@ class KernelServer:
             if pid == 0:
                 return
             conn = self.kernels.pop(pid, None)
+            # every end in the log, how it ended with it: a kernel that died under a diagnosis (a signal) is told
+            # apart from one its client stopped or shut down
+            sys.stderr.write(f"kernel server: {pid} ended ({_how_it_ended(status)})\n")
             if conn is not None:
                 try:
                     send_message(conn, {"exit": os.waitstatus_to_exitcode(status)})
@@ -297,6 +303,17 @@ class KernelServer:
                     pass
                 self.selector.unregister(conn)
                 conn.close()
+
+
+def _how_it_ended(status: int) -> str:
+    """A wait status as a line says it: "exit 0", "killed by SIGKILL"."""
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def take_the_request(env: dict[str, str], cwd: str, base_env: dict[str, str]) -> None:
