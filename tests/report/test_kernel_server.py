@@ -288,6 +288,46 @@ def test_a_forked_process_goes_when_the_process_that_asked_for_it_is_killed(tmp_
     assert f"kernel server: stopped {forked.pid}, its client went" in module_kernel_server.log.read_text()
 
 
+def test_a_client_whose_launcher_is_killed_before_its_answer_still_takes_its_process_with_it(tmp_path):
+    """The client takes its launcher as it starts, not once the server has answered: a launcher killed while the
+    client waits for its answer (here the server is stopped until then, every time) is still seen gone, the client
+    exits and the server kills the process it forked, which would otherwise run on with nobody to stop it."""
+    import signal
+
+    server, path, env = _listening_loop(tmp_path)
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    forked = None
+    try:
+        _wait_for_the_socket(server, path)
+        os.kill(server.pid, signal.SIGSTOP)
+        launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                                    env={**env, "PYTHONPATH": str(tmp_path)})
+        try:
+            deadline = time.monotonic() + 60
+            # the client connected (its request waits in the stopped server's socket)
+            while not (client := next(iter(psutil.Process(launcher.pid).children()), None)) or \
+                    not client.net_connections(kind="unix"):
+                assert launcher.poll() is None and time.monotonic() < deadline, "the client never connected"
+                time.sleep(0.05)
+        finally:
+            launcher.kill()
+            launcher.wait()
+        os.kill(server.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+            assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+            time.sleep(0.05)
+        forked = psutil.Process(int((tmp_path / "pid").read_text()))
+        _, alive = psutil.wait_procs([forked, client], timeout=30)
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], server.log.read_text()[-2000:]
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.terminate()  # and with it whatever it forked
+        server.wait(timeout=30)
+        if forked is not None and _running(forked):
+            forked.kill()
+
+
 def started(tmp_path, env=None):
     from jupyter_client.manager import KernelManager
 

@@ -45,6 +45,9 @@ def start_as_usual(module: str | None, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # the process that started it, taken first: taken after the server's answer, a launcher killed while the
+    # client waited for it would already be gone, its new parent taken for it, and the kernel would run on
+    launcher = os.getppid()
     module = None
     if argv[:1] == ["--module"]:  # a torchrun rank: `python -m MODULE ARGV` instead of a kernel
         module, argv = argv[1], argv[2:]
@@ -72,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
-    launcher = os.getppid()
     while True:
         if not select.select([sock], [], [], LAUNCHER_POLL_S)[0]:
             if os.getppid() != launcher:  # reparented: whoever started it is gone, and the kernel goes with it
