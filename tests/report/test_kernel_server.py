@@ -77,27 +77,40 @@ def test_a_server_serves_on_a_socket_of_its_own_user_and_removes_it_when_termina
     assert not os.path.exists(path)
 
 
-def test_a_server_whose_launcher_is_killed_outright_stops_and_removes_its_socket(tmp_path):
-    """A test worker or shell killed with SIGKILL sends no SIGTERM: the server (the listening loop alone), reparented,
-    stops serving and removes its socket instead of holding the stack's memory with nobody left to ask it."""
-    path = str(tmp_path / "k.sock")
+def _server_whose_launcher_is_killed(server_code: str, arguments: list[str], started, why: str):
+    """A launcher process that starts `python -c server_code ARGUMENTS` and waits; once `started()` (a callable) is
+    true, the launcher is killed outright: the server process, left reparented. Then the server is waited for to
+    stop (30 s), killed if it has not (none is left behind), and `why` is the failure."""
     launcher = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import sys\\n"
-         "from workbench.report.kernel_server import KernelServer\\nKernelServer(sys.argv[1]).serve()', sys.argv[1]], "
-         "stdin=subprocess.DEVNULL)\ntime.sleep(600)", path], stdin=subprocess.DEVNULL)
+        [sys.executable, "-c", f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {server_code!r}, "
+         "*sys.argv[1:]], stdin=subprocess.DEVNULL)\ntime.sleep(600)", *arguments], stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while not os.path.exists(path):
-            assert launcher.poll() is None and time.monotonic() < deadline, "the server never bound its socket"
+        while not started():
+            assert launcher.poll() is None and time.monotonic() < deadline, "the server never started"
             time.sleep(0.05)
         (server,) = psutil.Process(launcher.pid).children()
     finally:
         launcher.kill()
         launcher.wait()
     deadline = time.monotonic() + 30
-    while _running(server):  # the loop notices its new parent within a tick (0.1 s), then removes its socket
-        assert time.monotonic() < deadline, "the server outlived its launcher"
-        time.sleep(0.05)
+    try:
+        while _running(server):
+            assert time.monotonic() < deadline, why
+            time.sleep(0.05)
+    finally:
+        if _running(server):  # serving on with nobody to ask it: not left behind by the test
+            server.kill()
+
+
+def test_a_server_whose_launcher_is_killed_outright_stops_and_removes_its_socket(tmp_path):
+    """A test worker or shell killed with SIGKILL sends no SIGTERM: the server (the listening loop alone), reparented,
+    stops serving and removes its socket instead of holding the stack's memory with nobody left to ask it (the loop
+    notices its new parent within a tick, 0.1 s)."""
+    path = str(tmp_path / "k.sock")
+    _server_whose_launcher_is_killed(
+        "import sys\nfrom workbench.report.kernel_server import KernelServer\nKernelServer(sys.argv[1]).serve()",
+        [path], lambda: os.path.exists(path), "the server outlived its launcher")
     assert not os.path.exists(path)
 
 
@@ -108,31 +121,11 @@ def test_a_launcher_killed_before_the_server_serves_still_stops_it(tmp_path):
     and removes its socket. Here the launcher is killed after the server is made and before it serves, every time."""
     path = str(tmp_path / "k.sock")
     made = tmp_path / "made"
-    server_code = ("import os, sys, time\nfrom workbench.report.kernel_server import KernelServer\n"
-                   "server = KernelServer(sys.argv[1])\nparent = os.getppid()\nopen(sys.argv[2], 'w').close()\n"
-                   "while os.getppid() == parent:\n    time.sleep(0.05)\nserver.serve()\n"
-                   "open(sys.argv[2] + '.served', 'w').close()")
-    launcher = subprocess.Popen(
-        [sys.executable, "-c", f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {server_code!r}, "
-         "sys.argv[1], sys.argv[2]], stdin=subprocess.DEVNULL)\ntime.sleep(600)", path, str(made)],
-        stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while not made.exists():
-            assert launcher.poll() is None and time.monotonic() < deadline, "the server was never made"
-            time.sleep(0.05)
-        (server,) = psutil.Process(launcher.pid).children()
-    finally:
-        launcher.kill()
-        launcher.wait()
-    deadline = time.monotonic() + 30
-    try:
-        while _running(server):
-            assert time.monotonic() < deadline, "the server outlived the launcher killed before it served"
-            time.sleep(0.05)
-    finally:
-        if _running(server):  # serving on with nobody to ask it: not left behind by the test
-            server.kill()
+    _server_whose_launcher_is_killed(
+        "import os, sys, time\nfrom workbench.report.kernel_server import KernelServer\n"
+        "server = KernelServer(sys.argv[1])\nparent = os.getppid()\nopen(sys.argv[2], 'w').close()\n"
+        "while os.getppid() == parent:\n    time.sleep(0.05)\nserver.serve()\nopen(sys.argv[2] + '.served', 'w').close()",
+        [path, str(made)], made.exists, "the server outlived the launcher killed before it served")
     assert (tmp_path / "made.served").exists()  # it served, saw its launcher gone and returned
     assert not os.path.exists(path)
 
